@@ -3,3 +3,20 @@
 from .blas import preload as _preload_blas
 
 _preload_blas()  # must run before the first `import mlx`
+
+from .drafter import Drafter, DrafterConfig  # noqa: E402
+from .loading import load, load_draft  # noqa: E402
+from .speculative import (  # noqa: E402
+    GenerationResponse,
+    GenerationStats,
+    PromptCache,
+    generate,
+    generate_step,
+    make_prompt_cache,
+    stream_generate,
+)
+
+__all__ = [
+    "Drafter", "DrafterConfig", "GenerationResponse", "GenerationStats", "PromptCache",
+    "generate", "generate_step", "load", "load_draft", "make_prompt_cache", "stream_generate",
+]

@@ -1,0 +1,327 @@
+"""The DFlash drafter: a few Qwen3 decoder layers that fill a whole block in one forward.
+
+Queries come only from the block ([last token, MASK, ..., MASK]). Keys and values are the
+block's own plus those of the *context*: features of the target's chosen layers,
+projected once by `fc` + `hidden_norm` and injected into every layer. Only context K/V are
+cached, so the cache never needs rolling back. Position k of the block predicts the token
+at position k. The drafter has no embedding and no lm_head: it borrows the target's.
+Parameter names follow z-lab's checkpoints exactly, so their weights load key by key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's spread of feature layers when a config names none."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    step = (num_target_layers - 4) / (num_draft_layers - 1)
+    return [int(round(1 + i * step)) for i in range(num_draft_layers)]
+
+
+@dataclass
+class DrafterConfig:
+    """Everything a drafter needs, read from z-lab's config.json (any of its variants)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int = 16
+    head_dim: Optional[int] = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 40960
+    attention_bias: bool = False
+    layer_types: Optional[list[str]] = None
+    sliding_window: Optional[int] = None
+    is_causal: Optional[bool] = None
+    extra: dict = field(default_factory=dict, repr=False)  # unknown keys, kept for export
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.layer_types is None:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "DrafterConfig":
+        """Parse a z-lab config.json dict: `block_size`, `target_layer_ids` and
+        `mask_token_id` may sit at the top level or under `dflash_config`."""
+        c = dict(config)
+        dflash = c.pop("dflash_config", None) or {}
+        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                               "intermediate_size", "vocab_size") if k not in c]
+        if missing:
+            raise ValueError(f"drafter config.json lacks {', '.join(missing)}")
+        n_layers = c["num_hidden_layers"]
+        n_target = c.get("num_target_layers")
+        ids = dflash.get("target_layer_ids", c.get("target_layer_ids"))
+        if n_target is None:
+            raise ValueError("drafter config.json lacks num_target_layers")
+        if ids is None:
+            ids = default_target_layer_ids(n_target, n_layers)
+        mask = dflash.get("mask_token_id", c.get("mask_token_id"))
+        if mask is None:
+            raise ValueError("drafter config.json lacks dflash_config.mask_token_id")
+        rope_params = c.get("rope_parameters") or {}
+        rope_scaling = c.get("rope_scaling")
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = rope_params
+        known = {f for f in cls.__dataclass_fields__} | {
+            "dflash_config", "rope_parameters", "architectures", "model_type"}
+        return cls(
+            hidden_size=c["hidden_size"],
+            num_hidden_layers=n_layers,
+            num_attention_heads=c["num_attention_heads"],
+            num_key_value_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+            intermediate_size=c["intermediate_size"],
+            vocab_size=c["vocab_size"],
+            num_target_layers=n_target,
+            target_layer_ids=list(ids),
+            mask_token_id=int(mask),
+            block_size=int(dflash.get("block_size", c.get("block_size", 16))),
+            head_dim=c.get("head_dim"),
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            rope_theta=c.get("rope_theta", rope_params.get("rope_theta", 1_000_000.0)),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=c.get("max_position_embeddings", 40960),
+            attention_bias=c.get("attention_bias", False),
+            layer_types=c.get("layer_types"),
+            sliding_window=c.get("sliding_window"),
+            is_causal=c.get("is_causal"),
+            extra={k: v for k, v in config.items() if k not in known},
+        )
+
+    def to_dict(self) -> dict:
+        """z-lab's config.json layout (what SGLang / vLLM and z-lab's loader read)."""
+        out = dict(self.extra)
+        out.update(
+            architectures=["DFlashDraftModel"],
+            model_type="qwen3",
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            rope_scaling=self.rope_scaling,
+            max_position_embeddings=self.max_position_embeddings,
+            attention_bias=self.attention_bias,
+            hidden_act="silu",
+            tie_word_embeddings=False,
+            block_size=self.block_size,
+            num_target_layers=self.num_target_layers,
+            dflash_config={"mask_token_id": self.mask_token_id,
+                           "target_layer_ids": list(self.target_layer_ids)},
+        )
+        if any(t != "full_attention" for t in self.layer_types):
+            out.update(layer_types=self.layer_types, sliding_window=self.sliding_window)
+        if self.is_causal is not None:
+            out["is_causal"] = self.is_causal
+        return out
+
+
+def check_fit(config: DrafterConfig, *, num_layers: int, hidden_size: int, vocab_size: int) -> None:
+    """Raise ValueError (one line, naming the field) if a drafter cannot serve a target."""
+    if config.hidden_size != hidden_size:
+        raise ValueError(f"drafter hidden_size {config.hidden_size} != target hidden_size {hidden_size}")
+    if config.num_target_layers != num_layers:
+        raise ValueError(
+            f"drafter num_target_layers {config.num_target_layers} != target's {num_layers} layers")
+    bad = [i for i in config.target_layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"drafter target_layer_ids {bad} out of range for a {num_layers}-layer target")
+    if config.vocab_size != vocab_size:
+        raise ValueError(f"drafter vocab_size {config.vocab_size} != target vocab_size {vocab_size}")
+    if not 0 <= config.mask_token_id < vocab_size:
+        raise ValueError(f"drafter mask_token_id {config.mask_token_id} is not in the target's vocabulary")
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale = hd**-0.5
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, cfg.hidden_size, bias=bias)
+        self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.rope = initialize_rope(hd, cfg.rope_theta, False, cfg.rope_scaling,
+                                    cfg.max_position_embeddings)
+
+    def _heads(self, x: mx.array, n: int) -> mx.array:
+        B, L, _ = x.shape
+        return x.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
+
+    def _keys_values(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        keys = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=offset)
+        return keys, self._heads(self.v_proj(x), self.n_kv_heads)
+
+    def append_context(self, context: mx.array, cache: KVCache) -> None:
+        """Project new context tokens once; they sit at their own positions."""
+        cache.update_and_fetch(*self._keys_values(context, cache.offset))
+
+    def __call__(self, x: mx.array, cache: KVCache, mask: Optional[mx.array]) -> mx.array:
+        B, L, _ = x.shape
+        ctx_k, ctx_v = cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
+        start = cache.offset  # the block follows the context
+        q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
+        k, v = self._keys_values(x, start)
+        # The block's own K/V are used once and never cached: no rollback needed.
+        keys = mx.concatenate([ctx_k, k], axis=2)
+        values = mx.concatenate([ctx_v, v], axis=2)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, x, cache, mask):
+        h = x + self.self_attn(self.input_layernorm(x), cache, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def sliding_window_mask(start: int, length: int, window: int, causal: bool) -> mx.array:
+    """Boolean mask of block queries (positions start..start+length-1) over all keys."""
+    q = mx.arange(start, start + length)[:, None]
+    k = mx.arange(start + length)[None]
+    allowed = (q - k) < window
+    if causal:
+        allowed = allowed & (k <= q)
+    else:
+        allowed = allowed & ((k - q) < window)
+    return allowed
+
+
+class Drafter(nn.Module):
+    """A DFlash v1 drafter. Feed it context with `append_context`, then call it on a
+    block's embeddings; apply the target's lm_head to the result."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        n_feat = len(config.target_layer_ids)
+        self.fc = nn.Linear(n_feat * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = [DecoderLayer(config) for _ in range(config.num_hidden_layers)]
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def make_cache(self) -> list[KVCache]:
+        """One context K/V cache per layer."""
+        return [KVCache() for _ in self.layers]
+
+    def append_context(self, features: mx.array, cache: Sequence[KVCache]) -> None:
+        """Add context tokens: features (1, n, len(ids) * hidden) are the raw concatenated
+        target layer outputs. The projected context is the same for every layer and does
+        not pass through the layers' input_layernorm."""
+        context = self.hidden_norm(self.fc(features))
+        for layer, c in zip(self.layers, cache):
+            layer.self_attn.append_context(context, c)
+
+    def __call__(self, block_embeddings: mx.array, cache: Sequence[KVCache]) -> mx.array:
+        """block_embeddings: (1, B, hidden), the target's embedding of [last token, MASK...].
+        Returns normed hidden states (1, B, hidden); position k predicts the token at k."""
+        cfg = self.config
+        sliding = None
+        if "sliding_attention" in cfg.layer_types:
+            causal = True if cfg.is_causal is None else cfg.is_causal
+            sliding = sliding_window_mask(cache[0].offset, block_embeddings.shape[1],
+                                          cfg.sliding_window, causal)
+        h = block_embeddings
+        for layer, kind, c in zip(self.layers, cfg.layer_types, cache):
+            h = layer(h, c, sliding if kind == "sliding_attention" else None)
+        return self.norm(h)
+
+
+def read_config(path: Path) -> dict:
+    """Read a checkpoint directory's config.json, with a one-line error if absent or bad."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"no config.json in {path}")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON ({e})") from None
+
+
+def build_drafter(config: dict | DrafterConfig, weights: dict[str, mx.array] | None = None) -> Drafter:
+    """Build a drafter from a config and (optionally) a z-lab-layout weight dict.
+    Checkpoint copies of the target's embed_tokens / lm_head are dropped."""
+    cfg = config if isinstance(config, DrafterConfig) else DrafterConfig.from_dict(config)
+    drafter = Drafter(cfg)
+    raw = config.extra if isinstance(config, DrafterConfig) else config
+    quant = raw.get("quantization")
+    if quant:
+        nn.quantize(drafter, group_size=quant["group_size"], bits=quant["bits"])
+    if weights is not None:
+        weights = {k: v for k, v in weights.items()
+                   if k not in ("embed_tokens.weight", "lm_head.weight")}
+        drafter.load_weights(list(weights.items()), strict=True)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def load_drafter_dir(path: str | Path) -> Drafter:
+    """Load an MLX (or z-lab safetensors) drafter directory."""
+    path = Path(path)
+    config = read_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors weights in {path}")
+    weights: dict[str, Any] = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    return build_drafter(config, weights)
+
+
+def save_drafter(drafter: Drafter, path: str | Path, extra_config: dict | None = None) -> None:
+    """Write config.json + model.safetensors (z-lab key names)."""
+    from mlx.utils import tree_flatten
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = drafter.config.to_dict()
+    config.update(extra_config or {})
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(drafter.parameters())),
+                        metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")

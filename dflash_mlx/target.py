@@ -1,0 +1,76 @@
+"""The target adapter: an mlx-lm model's forward that also returns chosen layers' outputs.
+
+mlx-lm models return logits only. Instead of wrapping or patching the user's model, we
+run its own submodules (embedding, decoder layers, final norm, lm_head) in the same
+order its `__call__` does, and keep the outputs of the layers the drafter reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class Target:
+    """A read-only view of an mlx-lm decoder: `forward` gives final hidden states and the
+    concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i)."""
+
+    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
+        model_type = getattr(model, "model_type", None) or getattr(model.args, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        self.model = model
+        self.body = model.model
+        self.layers = self.body.layers
+        self.capture_layers = list(capture_layers)
+        self.tied = getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head")
+        self.sliding_window = getattr(self.body, "sliding_window", None)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.args.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.args.vocab_size
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.body.embed_tokens(tokens)
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        """Logits from final (normed) hidden states, as the model's own head computes them."""
+        if self.tied:
+            return self.body.embed_tokens.as_linear(hidden)
+        return self.model.lm_head(hidden)
+
+    def _masks(self, h: mx.array, cache: Sequence[Any]) -> list[Any]:
+        sliding = [getattr(layer, "use_sliding", False) for layer in self.layers]
+        full = create_attention_mask(h, cache[sliding.index(False)] if False in sliding else None)
+        if not any(sliding):
+            return [full] * len(self.layers)
+        window = create_attention_mask(h, cache[sliding.index(True)], window_size=self.sliding_window)
+        return [window if s else full for s in sliding]
+
+    def forward(self, tokens: mx.array, cache: Sequence[Any], capture: bool = True
+                ) -> tuple[mx.array, Optional[mx.array]]:
+        """tokens: (1, L). Returns (normed hidden (1, L, hidden), features (1, L, k * hidden) or None)."""
+        h = self.embed(tokens)
+        captured = {}
+        wanted = set(self.capture_layers) if capture else set()
+        for i, (layer, c, mask) in enumerate(zip(self.layers, cache, self._masks(h, cache))):
+            h = layer(h, mask, c)
+            if i in wanted:
+                captured[i] = h
+        features = (mx.concatenate([captured[i] for i in self.capture_layers], axis=-1)
+                    if captured else None)
+        return self.body.norm(h), features
