@@ -1,0 +1,159 @@
+"""A scripted stand-in for `dflash_mlx` (load / load_draft / make_prompt_cache /
+stream_generate), so the chat app's real worker-thread `Engine` can be tested fast and
+deterministically.
+
+A scripted reply is a string whose blocks are separated by "|": every token of a block
+but the last counts as an accepted drafted token, the last one as the target's own.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+
+from dflash_mlx.app.engine import Engine
+
+
+@dataclass
+class FakeStats:
+    block_size: int = 8
+    cycles: int = 0
+    accepted_lengths: list = field(default_factory=list)
+    drafted_tokens: int = 0
+    accepted_drafted_tokens: int = 0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+
+    @property
+    def mean_acceptance(self) -> float:
+        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
+
+
+@dataclass
+class FakeResponse:
+    text: str
+    token: int
+    from_draft: bool
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: str | None
+    stats: FakeStats
+    logprobs: object = None
+
+
+class FakeTokenizer:
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        return [ord(c) for c in text + ("<assistant>" if add_generation_prompt else "")]
+
+
+class FakeCache:
+    def __init__(self, draft):
+        self.draft = draft
+        self.tokens: list[int] = []
+
+
+def blocks_of(script: str) -> list[list[str]]:
+    return [re.findall(r"\s*\S+\s*|\s+", block) for block in script.split("|")]
+
+
+class FakeBackend:
+    """Scripted replies with fixed numbers; records the thread and arguments of each call.
+
+    Args:
+        replies: scripted replies, used in turn (the last one repeats).
+        load_error / draft_error / generate_error: exceptions to raise.
+        gate: if given, every token after the first `free_tokens` waits for it to be set.
+    """
+
+    def __init__(self, replies=("Hello| there!",), *, load_error=None, draft_error=None,
+                 generate_error=None, gate=None, free_tokens=1):
+        self.replies = list(replies)
+        self.load_error = load_error
+        self.draft_error = draft_error
+        self.generate_error = generate_error
+        self.gate = gate
+        self.free_tokens = free_tokens
+        self.threads: set[int] = set()
+        self.calls: list[dict] = []  # stream_generate keyword arguments (+ prefilled)
+        self.caches: list[FakeCache] = []
+        self.waiting = threading.Event()  # set while a token waits for the gate
+
+    def _touch(self):
+        self.threads.add(threading.get_ident())
+
+    def load(self, path_or_repo=None):
+        self._touch()
+        if self.load_error:
+            raise self.load_error
+        return "fake-model", FakeTokenizer()
+
+    def load_draft(self, path_or_repo=None, model=None):
+        self._touch()
+        if self.draft_error:
+            raise self.draft_error
+        return "fake-draft"
+
+    def make_prompt_cache(self, model, draft=None):
+        self._touch()
+        cache = FakeCache(draft)
+        self.caches.append(cache)
+        return cache
+
+    def stream_generate(self, model, tokenizer, prompt, draft_model=None, max_tokens=256,
+                        temp=0.0, top_p=1.0, top_k=0, block_size=None, prompt_cache=None,
+                        prompt_progress_callback=None):
+        self._touch()
+        common = 0
+        for a, b in zip(prompt_cache.tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        prefilled = len(prompt) - common
+        self.calls.append(dict(prompt=prompt, draft_model=draft_model, max_tokens=max_tokens,
+                               temp=temp, top_p=top_p, block_size=block_size,
+                               prompt_cache=prompt_cache, prefilled=prefilled))
+        del prompt_cache.tokens[common:]
+        if prompt_progress_callback:
+            prompt_progress_callback(0, prefilled)
+            prompt_progress_callback(prefilled, prefilled)
+        prompt_cache.tokens.extend(prompt[common:])
+        if self.generate_error:
+            raise self.generate_error
+        script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        stats = FakeStats(block_size=block_size or 8)
+        blocks = blocks_of(script) if draft_model is not None else [[t] for b in blocks_of(script) for t in b]
+        n = 0
+        for b, block in enumerate(blocks):
+            stats.cycles += 1
+            stats.accepted_lengths.append(len(block))
+            if draft_model is not None:
+                stats.drafted_tokens += stats.block_size - 1
+                stats.accepted_drafted_tokens += len(block) - 1
+            for i, piece in enumerate(block):
+                if n >= self.free_tokens and self.gate is not None:
+                    self.waiting.set()
+                    self.gate.wait(10)
+                    self.waiting.clear()
+                n += 1
+                prompt_cache.tokens.append(1000 + n)
+                last = b == len(blocks) - 1 and i == len(block) - 1
+                finish = "stop" if last else "length" if n >= max_tokens else None
+                yield FakeResponse(
+                    text=piece, token=1000 + n,
+                    from_draft=draft_model is not None and i < len(block) - 1,
+                    prompt_tokens=prefilled, prompt_tps=412.0, generation_tokens=n,
+                    generation_tps=84.2, peak_memory=0.61,
+                    finish_reason=finish, stats=stats,
+                )
+                if n >= max_tokens:
+                    return
+
+
+def fake_engine_factory(backend: FakeBackend):
+    """An `engine_factory` for ChatApp: the real Engine thread over the fake backend."""
+    return lambda on_event: Engine(on_event, backend=backend)

@@ -1,0 +1,290 @@
+"""Pilot tests of dflash-chat over a scripted fake backend (the real worker-thread Engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_engine import FakeBackend, fake_engine_factory  # noqa: E402
+
+from dflash_mlx.app.chat import ChatApp, Note, Reply, StatsPanel, UserMessage, app_from_args  # noqa: E402
+from dflash_mlx.app.engine import Settings  # noqa: E402
+
+REPLY = "The answer| is **4**.| Two plus two| makes four."
+
+
+def run_async(test):
+    """Run an async test function on a fresh event loop (no pytest-asyncio needed)."""
+
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return wrapper
+
+
+def make_app(backend: FakeBackend | None = None, **kwargs) -> ChatApp:
+    return ChatApp(engine_factory=fake_engine_factory(backend or FakeBackend([REPLY])), **kwargs)
+
+
+async def until(pilot, condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.02)
+
+
+async def say(pilot, text: str) -> None:
+    pilot.app.query_one("#prompt").value = text
+    await pilot.press("enter")
+
+
+async def answered(pilot, text: str) -> None:
+    """Send a prompt and wait for its reply to finish."""
+    await until(pilot, lambda: pilot.app.state == "ready")
+    replies = len(pilot.app.messages)
+    await say(pilot, text)
+    await until(pilot, lambda: pilot.app.state == "ready" and len(pilot.app.messages) > replies)
+
+
+def notes(app, kind: str | None = None) -> list[str]:
+    return [str(n.content) for n in app.query(Note) if kind is None or n.has_class(kind)]
+
+
+def stats_text(app) -> str:
+    panel = app.query_one(StatsPanel)
+    return " ".join(str(panel.query_one(f"#stats-{k}").content) for k in ("speed", "blocks"))
+
+
+@run_async
+async def test_prompt_streams_reply_as_markdown():
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await pilot.press(*"hi", "enter")
+        await until(pilot, lambda: app.state == "ready" and app.messages[-1]["role"] == "assistant")
+        assert app.messages == [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": REPLY.replace("|", "")},
+        ]
+        [reply] = app.query(Reply)
+        assert reply.text == REPLY.replace("|", "")
+        await pilot.pause(0.1)
+        assert "**4**" in reply.query_one("Markdown").source
+        assert [m.source for m in app.query(UserMessage)] == ["hi"]
+        # one-line summary under the reply
+        [summary] = notes(app, "summary")
+        assert "84.2 tok/s" in summary and "τ" in summary and "4 blocks" in summary
+        # every model call ran on one thread that is not the UI's
+        assert len(backend.threads) == 1 and threading.get_ident() not in backend.threads
+
+
+@run_async
+async def test_stats_update_while_generating():
+    gate = threading.Event()
+    backend = FakeBackend([REPLY], gate=gate, free_tokens=3)
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "add 2 and 2")
+        await until(pilot, lambda: backend.waiting.is_set() and app.last is not None
+                    and app.last.generation_tokens == 3)
+        await pilot.pause(0.05)
+        live = stats_text(app)
+        assert "generating" in live and "84.2 tok/s" in live and "τ" in live
+        assert "drafted" in live and "peak 0.61 GB" in live
+        assert app.reply is not None and app.reply.text == "The answer is "
+        gate.set()
+        await until(pilot, lambda: app.state == "ready")
+        final = stats_text(app)
+        assert "ready" in final and "accepted 5 (18%)" in final and "4 from target" in final
+        assert app.last.accepted_lengths == (2, 2, 3, 2)
+
+
+@run_async
+async def test_escape_stops_and_keeps_partial_reply():
+    gate = threading.Event()
+    backend = FakeBackend([REPLY, "Sure."], gate=gate, free_tokens=2)
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "count")
+        await until(pilot, lambda: backend.waiting.is_set())
+        await pilot.press("escape")
+        assert app.state == "stopping"
+        gate.set()
+        await until(pilot, lambda: app.state == "ready")
+        assert app.messages[-1] == {"role": "assistant", "content": "The answer is "}
+        assert "stopped" in notes(app, "summary")[-1]
+        # the conversation goes on, reusing the cache that holds the partial reply
+        backend.gate = None
+        await answered(pilot, "go on")
+        assert app.messages[-1]["content"] == "Sure."
+        assert backend.calls[1]["prompt_cache"] is backend.calls[0]["prompt_cache"]
+
+
+@run_async
+async def test_multi_turn_prefills_only_the_new_message():
+    backend = FakeBackend([REPLY, "Six."])
+    app = make_app(backend, system="Be brief.")
+    async with app.run_test() as pilot:
+        await answered(pilot, "2+2?")
+        await answered(pilot, "and 3+3?")
+        first, second = backend.calls
+        assert first["prompt_cache"] is second["prompt_cache"]
+        assert first["prefilled"] == len(first["prompt"])
+        assert second["prefilled"] < len(second["prompt"]) - len(first["prompt"]) + 20
+        assert backend.calls[0]["prompt"][:len("<system>")] == [ord(c) for c in "<system>"]
+
+
+@run_async
+async def test_clear_resets_conversation_and_cache():
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await answered(pilot, "hello")
+        await say(pilot, "/clear")
+        await until(pilot, lambda: not app.query(Reply))
+        assert app.messages == [] and not app.query(UserMessage)
+        assert any("cleared" in n for n in notes(app))
+        await answered(pilot, "hello")
+        assert backend.calls[1]["prompt_cache"] is not backend.calls[0]["prompt_cache"]
+        assert backend.calls[1]["prefilled"] == len(backend.calls[1]["prompt"])
+
+
+@run_async
+async def test_model_not_found_shows_message_and_app_stays_usable():
+    backend = FakeBackend(load_error=FileNotFoundError("no such model: ./nowhere"))
+    app = make_app(backend, model="./nowhere")
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "no model")
+        [error] = notes(app, "error")
+        assert "Could not load model ./nowhere" in error and "no such model" in error
+        await say(pilot, "/help")
+        await pilot.pause(0.05)
+        assert app.query(".help")
+        await say(pilot, "hi")
+        await until(pilot, lambda: len(notes(app, "error")) == 2)
+        assert "No model is loaded" in notes(app, "error")[-1]
+        assert app.messages == [] and app.state == "no model"
+        # a working model can be loaded from inside the app
+        backend.load_error = None
+        await say(pilot, "/load")
+        await answered(pilot, "hi")
+        assert app.messages[-1]["role"] == "assistant"
+
+
+@run_async
+async def test_drafter_misfit_falls_back_to_target_only():
+    backend = FakeBackend(
+        [REPLY], draft_error=ValueError("drafter hidden size 1024 does not match the target's 576")
+    )
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        [error] = notes(app, "error")
+        assert "does not match" in error and "target-only" in error
+        assert backend.calls[0]["draft_model"] is None
+        assert "baseline" in notes(app, "summary")[-1]
+
+
+@run_async
+async def test_out_of_memory_during_generation():
+    backend = FakeBackend([REPLY], generate_error=MemoryError("[malloc] could not allocate 9 GB"))
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "write a novel")
+        await until(pilot, lambda: notes(app, "error"))
+        await until(pilot, lambda: app.state == "ready")
+        assert notes(app, "error")[-1].startswith("Out of memory")
+        assert app.messages == [] and not app.query(Reply)
+        backend.generate_error = None
+        await answered(pilot, "a haiku then")
+        assert app.messages[-1]["role"] == "assistant"
+
+
+@run_async
+async def test_commands_change_settings(tmp_path):
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        for line in ("/temp 0.7", "/block 4", "/baseline"):
+            await say(pilot, line)
+        await answered(pilot, "hi")
+        call = backend.calls[-1]
+        assert (call["temp"], call["block_size"], call["draft_model"]) == (0.7, 4, None)
+        await say(pilot, "/baseline")
+        await answered(pilot, "again")
+        assert backend.calls[-1]["draft_model"] == "fake-draft"
+        await say(pilot, "/temp hot")
+        await say(pilot, "/nope")
+        errors = notes(app, "error")
+        assert "Usage: /temp" in errors[0] and "Unknown command /nope" in errors[1]
+        await say(pilot, "/stats")
+        await pilot.pause(0.05)
+        assert "Session: 2 replies" in notes(app)[-1]
+        target = tmp_path / "chat.md"
+        await say(pilot, f"/save {target}")
+        await pilot.pause(0.05)
+        saved = target.read_text()
+        assert "### You\n\nhi" in saved and "### Assistant" in saved and "**4**" in saved
+
+
+@run_async
+async def test_ctrl_t_colours_drafted_tokens():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        reply = app.query_one(Reply)
+        await pilot.press("ctrl+t")
+        assert reply.has_class("-tinted")
+        tinted = reply.query_one(".tinted").content
+        draft = [s for s in tinted.spans if "5fd7af" in str(s.style)]
+        assert draft and tinted.plain == reply.text
+        await pilot.press("ctrl+t")
+        assert not reply.has_class("-tinted")
+
+
+@run_async
+async def test_ctrl_q_quits_and_stops_the_worker():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        engine = app.engine
+        await pilot.press("ctrl+q")
+        await pilot.pause(0.1)
+    assert not engine._thread.is_alive()
+
+
+def test_cli_flags():
+    app = app_from_args(["--model", "m", "--draft", "d", "--temp", "0.5", "--top-p", "0.9",
+                         "--block-size", "8", "--max-tokens", "64", "--system", "hi"])
+    assert (app.model_path, app.draft_path, app.system) == ("m", "d", "hi")
+    assert app.settings == Settings(temp=0.5, top_p=0.9, block_size=8, max_tokens=64)
+    default = app_from_args([])
+    assert default.model_path is None and default.draft_path is None
+
+
+def test_snapshot_main_screen(snap_compare):
+    backend = FakeBackend([
+        "DFlash drafts a whole| block of tokens in one| pass; the target **verifies**| them at once.",
+    ])
+    app = make_app(backend, system="Be brief.")
+
+    async def run_before(pilot):
+        await answered(pilot, "How does DFlash make decoding faster?")
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
