@@ -397,13 +397,13 @@ def convert_target_model(source: str, output_dir: str | Path, *, revision: Optio
         _check_quant(q_bits, q_group_size)
     local = Path(source).expanduser()
     check_output(out, force, [local] if local.exists() else [])
-    from mlx_lm import convert as mlx_lm_convert
+    import mlx_lm  # its public `mlx_lm.convert` function
 
     with atomic_output(out, force) as tmp:
         staged = tmp / "model"
-        mlx_lm_convert.convert(hf_path=source, mlx_path=str(staged), quantize=quantize,
-                               q_group_size=q_group_size if quantize else None,
-                               q_bits=q_bits if quantize else None, dtype=dtype, revision=revision)
+        mlx_lm.convert(hf_path=source, mlx_path=str(staged), quantize=quantize,
+                       q_group_size=q_group_size if quantize else None,
+                       q_bits=q_bits if quantize else None, dtype=dtype, revision=revision)
         if not staged.is_dir():
             raise RuntimeError(f"mlx_lm.convert wrote nothing for {source}")
         for item in staged.iterdir():
@@ -479,7 +479,15 @@ def convert_command(
     target_model: bool = typer.Option(False, "--target-model", help="SOURCE is a target LLM: convert it with mlx_lm.convert."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),
 ) -> None:
-    """Convert a z-lab DFlash drafter (Hub or local; safetensors or PyTorch) into an MLX drafter directory."""
+    """Convert a z-lab DFlash drafter (Hub repo or local directory; model.safetensors, sharded
+    safetensors or a PyTorch .bin / .pt state dict) into an MLX drafter directory.
+
+    Everything is checked before anything is written: the config, every tensor's name,
+    shape and dtype, and with --target the drafter/target pair. A config without
+    target_layer_ids is rejected (the ids are not guessed): pass --target-layer-ids.
+    Hub downloads use the Hugging Face cache and token; HF_HUB_OFFLINE=1 works from the
+    cache. With --target-model, SOURCE is a target LLM and mlx_lm.convert does the work.
+    """
     if target_model:
         if target or target_layer_ids:
             raise ValueError("--target and --target-layer-ids apply to drafters, not to --target-model")
