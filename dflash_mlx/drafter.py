@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
+
+if TYPE_CHECKING:
+    from .target import Target
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -258,18 +261,27 @@ class Drafter(nn.Module):
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(context, c)
 
+    def propose(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
+        """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B): the
+        hook the decoding loop calls, through the target's embedding and lm_head."""
+        return target.lm_head(self(target.embed(block), cache)[:, 1:])[0]
+
     def __call__(self, block_embeddings: mx.array, cache: Sequence[KVCache]) -> mx.array:
         """block_embeddings: (1, B, hidden), the target's embedding of [last token, MASK...].
         Returns normed hidden states (1, B, hidden); position k predicts the token at k."""
         cfg = self.config
-        sliding = None
+        start, length = cache[0].offset, block_embeddings.shape[1]
+        masks: dict[str, Optional[mx.array]] = {"full_attention": None}
+        if cfg.is_causal:
+            # As in z-lab's code (torch and MLX): a config's is_causal applies to every
+            # layer, full-attention ones included (a window wider than all keys).
+            masks["full_attention"] = sliding_window_mask(start, length, start + length, True)
         if "sliding_attention" in cfg.layer_types:
             causal = True if cfg.is_causal is None else cfg.is_causal
-            sliding = sliding_window_mask(cache[0].offset, block_embeddings.shape[1],
-                                          cfg.sliding_window, causal)
+            masks["sliding_attention"] = sliding_window_mask(start, length, cfg.sliding_window, causal)
         h = block_embeddings
         for layer, kind, c in zip(self.layers, cfg.layer_types, cache):
-            h = layer(h, c, sliding if kind == "sliding_attention" else None)
+            h = layer(h, c, masks.get(kind))
         return self.norm(h)
 
 

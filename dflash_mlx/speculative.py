@@ -37,6 +37,7 @@ class GenerationStats:
     draft_time: float = 0.0  # seconds; split from verify_time only when profiling
     verify_time: float = 0.0
     prompt_time: float = 0.0
+    prompt_cached: int = 0  # prompt tokens reused from a PromptCache, not prefilled
     generation_time: float = 0.0
     generated_tokens: int = 0
 
@@ -166,7 +167,7 @@ def generate_step(
 
     # Prefill, feeding the captured features straight into the drafter's context.
     tic = time.perf_counter()
-    start = cache.reuse(prompt, with_drafter=draft_model is not None)
+    start = stats.prompt_cached = cache.reuse(prompt, with_drafter=draft_model is not None)
     todo = list(prompt[start:])
     for i in range(0, len(todo), PREFILL_STEP):
         chunk = todo[i : i + PREFILL_STEP]
@@ -198,7 +199,7 @@ def generate_step(
     while True:
         tic = time.perf_counter()
         block = mx.array([[token] + [mask_id] * (block_size - 1)])
-        draft_logits = target.lm_head(draft_model(target.embed(block), cache.draft)[:, 1:])[0]
+        draft_logits = draft_model.propose(block, cache.draft, target)
         if temp == 0:
             drafts = mx.argmax(draft_logits, axis=-1)
         else:

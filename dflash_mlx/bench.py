@@ -1,0 +1,183 @@
+"""Side-by-side benchmark: plain mlx-lm vs DFlash (ours) vs z-lab's MLX loop, in one run.
+
+Every method decodes the same chat prompts greedily; tokens/s counts the tokens after
+the first (prefill excluded, as mlx-lm reports it). Methods run interleaved per prompt
+so that machine noise hits them alike, and their outputs are compared token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+DEFAULT_PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain what a binary search does, step by step.",
+    "Tom has 12 apples and gives 5 to his friend. How many apples does he have left?",
+    "Give three tips for writing clear emails.",
+    "Write a short story about a robot who learns to paint.",
+]
+
+
+@dataclass
+class MethodResult:
+    name: str
+    tokens: int = 0  # generated tokens after the first
+    seconds: float = 0.0
+    cycles: int = 0
+    committed: int = 0  # tokens committed by draft/verify cycles
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tau(self) -> Optional[float]:
+        return self.committed / self.cycles if self.cycles else None
+
+
+def _clock(stream: Iterator, tokens_of: Callable) -> tuple[list[list[int]], float, object]:
+    """Drain a generator: per-yield token lists, seconds after the first yield, last item."""
+    chunks: list[list[int]] = []
+    first = last = None
+    for last in stream:
+        if first is None:
+            first = time.perf_counter()
+        chunks.append(tokens_of(last))
+    return chunks, time.perf_counter() - first, last
+
+
+@contextmanager
+def _local_draft_dir(module, path: Path):
+    """z-lab's `load_draft` only takes Hub ids; let it read a local directory."""
+    original = module.snapshot_download
+    module.snapshot_download = lambda repo_id, **_: str(path)
+    try:
+        yield
+    finally:
+        module.snapshot_download = original
+
+
+def _zlab_method(model_dir: str, draft_dir: Path, block: int, max_tokens: int) -> Optional[Callable]:
+    """z-lab's MLX loop (dflash 0.1.0), if installed. It patches the target it is given,
+    so it gets its own copy. It yields one item per cycle (the first token alone first)."""
+    try:
+        import mlx_lm
+        from dflash import model_mlx
+    except ImportError:
+        return None
+    model, tokenizer = mlx_lm.load(model_dir)
+    with _local_draft_dir(model_mlx, draft_dir):
+        draft = model_mlx.load_draft("local")
+
+    def run(prompt: list[int]) -> tuple[list[list[int]], float, int, int]:
+        chunks, seconds, _ = _clock(model_mlx.stream_generate(model, draft, tokenizer, prompt, block_size=block,
+                                                              max_tokens=max_tokens), lambda r: list(r.tokens))
+        cycles = [c for c in chunks[1:] if c]
+        return chunks, seconds, len(cycles), sum(map(len, cycles))
+
+    return run
+
+
+def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None, prompts: Optional[list[str]] = None,
+              max_tokens: int = 128, block_size: Optional[int] = None, reference: bool = True,
+              progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Benchmark and return a JSON-able report with one row per method."""
+    import mlx_lm
+
+    from . import load, load_draft, stream_generate
+    from .defaults import default_model_path
+    from .loading import DEFAULT_DRAFT_DIR
+
+    prompts = prompts or DEFAULT_PROMPTS
+    model_dir = model_path or str(default_model_path())
+    draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
+    model, tokenizer = load(model_dir)
+    drafter = load_draft(draft_path, model=model)
+    block = block_size or drafter.config.block_size
+
+    def plain(prompt):
+        chunks, seconds, _ = _clock(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens),
+                                    lambda r: [r.token])
+        return chunks, seconds, 0, 0
+
+    def ours(prompt):
+        chunks, seconds, last = _clock(stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens,
+                                                       block_size=block), lambda r: [r.token])
+        return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths)
+
+    methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours}
+    zlab = _zlab_method(model_dir, draft_dir, block, max_tokens) if reference else None
+    if zlab is not None:
+        methods["z-lab MLX (reference)"] = zlab
+
+    def chat(text: str) -> list[int]:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+    results = {name: MethodResult(name) for name in methods}
+    for run in methods.values():  # warm-up
+        run(chat("Hi"))
+    for i, text in enumerate(prompts):
+        prompt = chat(text)
+        for name, run in methods.items():  # interleaved, so noise hits all methods alike
+            if progress:
+                progress(f"prompt {i + 1}/{len(prompts)}: {name}")
+            chunks, seconds, cycles, committed = run(prompt)
+            tokens = [t for c in chunks for t in c]
+            r = results[name]
+            r.tokens += len(tokens) - len(chunks[0])
+            r.seconds += seconds
+            r.cycles += cycles
+            r.committed += committed
+            r.outputs.append(tokens)
+    base = results["mlx-lm"]
+    rows = []
+    for r in results.values():
+        same = all(a[: len(b)] == b[: len(a)] for a, b in zip(r.outputs, base.outputs))
+        rows.append({
+            "method": r.name, "tokens": r.tokens, "seconds": round(r.seconds, 3),
+            "tokens_per_second": round(r.tokens_per_second, 2),
+            "speedup": round(r.tokens_per_second / base.tokens_per_second, 2),
+            "tau": round(r.tau, 2) if r.tau else None,
+            "same_tokens_as_mlx_lm": same,
+        })
+    return {"model": model_dir, "draft": str(draft_dir), "block_size": block,
+            "max_tokens": max_tokens, "prompts": len(prompts), "results": rows}
+
+
+def markdown_table(report: dict) -> str:
+    """The report as a markdown table."""
+    lines = [
+        f"model `{Path(report['model']).name}`, draft `{Path(report['draft']).name}`, block {report['block_size']}, "
+        f"{report['prompts']} prompts x {report['max_tokens']} max new tokens, greedy",
+        "",
+        "| method | tokens | tok/s | speedup | tau | same tokens as mlx-lm |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in report["results"]:
+        tau = f"{r['tau']:.2f}" if r["tau"] else "-"
+        lines.append(f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} | "
+                     f"{'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def read_prompts(path: Path) -> list[str]:
+    """Prompts from a text file (one a line) or JSONL (a 'prompt' field per line)."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"no prompts in {path}")
+    if lines[0].lstrip().startswith("{"):
+        return [json.loads(line)["prompt"] for line in lines]
+    return lines
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
