@@ -316,12 +316,6 @@ class TrainArgs:
     cache_features: bool = True
 
 
-def _schedule(args: TrainArgs, total: int) -> Callable:
-    warm = max(1, int(round(args.warmup * total)))
-    cos = optim.cosine_decay(args.lr, max(1, total - warm), end=args.lr * args.min_lr_ratio)
-    return optim.join_schedules([optim.linear_schedule(args.lr * 0.01, args.lr, warm), cos], [warm])
-
-
 def _save_checkpoint(out: Path, drafter: Drafter, optimizer: optim.Optimizer, state: dict) -> None:
     save_drafter(drafter, out)   # the output directory is always a loadable drafter
     ck = out / "checkpoint"
@@ -351,24 +345,33 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
     B = cfg.block_size
     weights = loss_weights(B, args.gamma)[None]
 
-    seqs = [(t[: args.max_len], p) for t, p in load_sequences(args.data) if p < min(len(t), args.max_len) - 1]
+    def read_data() -> list[tuple[list[int], int]]:
+        # train.jsonl is append-only, so indices stay valid when it grows during training
+        return [(t[: args.max_len], p) for t, p in load_sequences(args.data) if p < min(len(t), args.max_len) - 1]
+
+    seqs = read_data()
     if not seqs:
         raise ValueError(f"no usable sequences in {args.data}")
     per_step = args.batch_size
     steps_per_epoch = max(1, len(seqs) // per_step)
     total = args.max_steps or max(1, int(math.ceil(args.epochs * steps_per_epoch)))
 
-    vocab = head = None
+    head = None
     if args.loss_vocab == "data":
         head = head_weight(target)
         if head is None:
             raise ValueError("--loss-vocab data needs a float (unquantized) output matrix")
-        ids = sorted({int(x) for t, _ in seqs for x in t} | {mask_id})
-        vocab = mx.array(np.array(ids, dtype=np.int32))
     elif args.loss_vocab != "full":
         raise ValueError("--loss-vocab must be 'full' or 'data'")
 
-    state = {"step": 0, "epoch": 0, "seen": 0, "elapsed": 0.0, "config": cfg.to_dict(),
+    def data_vocab() -> Optional[mx.array]:
+        if head is None:
+            return None
+        return mx.array(np.array(sorted({int(x) for t, _ in seqs for x in t} | {mask_id}), dtype=np.int32))
+
+    vocab_box = [data_vocab()]
+
+    state = {"step": 0, "epoch": 0, "pos": 0, "epoch_size": len(seqs), "seen": 0, "elapsed": 0.0, "config": cfg.to_dict(),
              "args": asdict(args)}
     if args.resume and (out / "checkpoint" / "state.json").is_file():
         drafter = load_drafter_dir(out / "checkpoint")
@@ -379,7 +382,7 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
         drafter = Drafter(cfg)
         mx.random.seed(args.seed)
         mx.eval(drafter.parameters())
-    optimizer = optim.AdamW(learning_rate=_schedule(args, total), weight_decay=args.weight_decay)
+    optimizer = optim.AdamW(learning_rate=args.lr, weight_decay=args.weight_decay)
     if args.resume and (out / "checkpoint" / "optimizer.safetensors").is_file():
         optimizer.init(drafter.trainable_parameters())
         opt_state = tree_unflatten(list(mx.load(str(out / "checkpoint" / "optimizer.safetensors")).items()))
@@ -396,11 +399,11 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
         log(f"{len(seqs)} sequences, {sum(len(t) for t, _ in seqs)} tokens; drafter {cfg.num_hidden_layers} "
             f"layers, {n_params / 1e6:.1f}M params, features {cfg.target_layer_ids}, B={B}, "
             f"mask {mask_id}; {total} steps of {per_step} sequences x {args.num_anchors} blocks"
-            + (f"; loss vocab {vocab.shape[0]} tokens" if vocab is not None else "")
+            + (f"; loss vocab {vocab_box[0].shape[0]} tokens" if head is not None else "")
             + (f"; {world} ranks" if world > 1 else ""))
 
     def step_loss(d, batch):
-        return loss_fn(d, target, batch, weights, vocab, head)
+        return loss_fn(d, target, batch, weights, vocab_box[0], head)
 
     value_and_grad = nn.value_and_grad(drafter, step_loss)
     feature_cache: dict[int, np.ndarray] = {}
@@ -428,10 +431,23 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
         log_file = open(out / "train_log.jsonl", "a")
     rng = np.random.default_rng(args.seed + 1000 * state["step"] + rank)
 
-    def epoch_order(e: int) -> list[int]:
-        order = list(range(len(seqs)))
+    def epoch_order(e: int, n: int) -> list[int]:
+        order = list(range(n))
         random.Random(args.seed + e).shuffle(order)
         return order
+
+    def lr_at(step: int, elapsed: float) -> float:
+        """Warmup then cosine over the run's progress (steps, or time under --time-limit)."""
+        frac = step / total
+        if args.time_limit:
+            frac = max(frac, elapsed / args.time_limit) if args.max_steps else elapsed / args.time_limit
+        frac = min(frac, 1.0)
+        if frac < args.warmup:
+            return args.lr * max(frac / args.warmup, 0.01)
+        t = (frac - args.warmup) / max(1e-9, 1 - args.warmup)
+        lo = args.lr * args.min_lr_ratio
+        return lo + 0.5 * (args.lr - lo) * (1 + math.cos(math.pi * t))
+
     t_start = time.perf_counter() - state["elapsed"]
     last_ck = time.perf_counter()
     acc_c = np.zeros(B)
@@ -448,12 +464,23 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
         task = progress.add_task("", total=total, completed=state["step"])
         progress.start()
     try:
-        while state["step"] < total:
-            step = state["step"]
-            epoch, pos = divmod(step * per_step, len(seqs))
-            order = epoch_order(epoch)
-            idx = [order[(pos + j) % len(seqs)] for j in range(per_step)]
+        while state["step"] < total or (args.time_limit and not args.max_steps):
+            if state["pos"] + per_step > state["epoch_size"] and state["pos"] > 0:
+                # next epoch: pick up sequences appended to the data meanwhile
+                state["epoch"] += 1
+                state["pos"] = 0
+                grown = read_data()
+                if len(grown) > len(seqs):
+                    seqs[:] = grown
+                    vocab_box[0] = data_vocab()
+                    if rank == 0:
+                        log(f"epoch {state['epoch']}: {len(seqs)} sequences")
+                state["epoch_size"] = len(seqs)
+            order = epoch_order(state["epoch"], state["epoch_size"])
+            idx = [order[(state["pos"] + j) % state["epoch_size"]] for j in range(per_step)]
+            state["pos"] += per_step
             idx = idx[rank::world]                      # this rank's share
+            optimizer.learning_rate = lr_at(state["step"], time.perf_counter() - t_start)
             batch = make_batch([seqs[i] for i in idx], B, args.num_anchors, cfg.mask_token_id, rng)
             if batch is None:
                 state["step"] += 1
@@ -516,7 +543,7 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
         _save_checkpoint(out, drafter, optimizer, state)
         if log_file:
             log_file.close()
-    return {"step": state["step"], "elapsed": state["elapsed"], "history": history}
+    return {"step": state["step"], "elapsed": state["elapsed"], "history": history, "drafter": drafter}
 
 
 def idx_kept(idx: list[int], seqs, batch: Batch) -> list[int]:

@@ -1,0 +1,113 @@
+"""The `dflash data`, `dflash train` and `dflash eval` commands (registered in cli.py).
+Heavy imports happen inside the commands so that `dflash --help` stays fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _ids(text: Optional[str]) -> Optional[list[int]]:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"--target-layer-ids must be comma-separated integers, got {text!r}") from None
+
+
+def data_command(
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory (train.jsonl, heldout.jsonl, meta.json)."),
+    source: List[str] = typer.Option(["chat", "math", "stdlib", "humaneval"], "--source", "-s",
+                                     help="Prompt source: chat, math, stdlib, humaneval, or a JSONL file of "
+                                          "prompts / chat transcripts. Repeatable."),
+    model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", help="Answer at most this many training prompts."),
+    heldout: int = typer.Option(40, "--heldout", help="Prompts kept out of training, for `dflash eval`."),
+    max_tokens: int = typer.Option(160, "--max-tokens", "-m", help="New tokens per answer."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Prompts answered together."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Build a self-distillation set: prompts answered greedily by the target itself."""
+    from .data import build_dataset
+
+    stats = build_dataset(out, source, model, num_prompts, heldout, max_tokens, batch_size, seed,
+                          log=lambda s: typer.echo(s))
+    typer.echo(f"done: {stats['records']} answers, {stats['tokens']} new tokens in {stats['seconds']:.0f}s -> {out}")
+
+
+def train_command(
+    data: Path = typer.Option(..., "--data", "-d", help="train.jsonl from `dflash data` (or its directory)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Drafter directory to write (loadable by load_draft)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
+    num_layers: int = typer.Option(5, "--num-layers", help="Drafter decoder layers (paper: 5)."),
+    target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids",
+                                                   help="Comma-separated target layers to read (default: spread like z-lab's)."),
+    block_size: int = typer.Option(16, "--block-size", help="Block size B (paper: 16)."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="MASK token (default: an unused special token)."),
+    intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size", help="Drafter MLP width (default: the target's)."),
+    gamma: Optional[float] = typer.Option(None, "--gamma", help="Loss decay (default 7 for B=16, 5 for 10, 4 for 8)."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per step (over all ranks)."),
+    num_anchors: int = typer.Option(32, "--num-anchors", help="Blocks sampled per sequence."),
+    max_len: int = typer.Option(1024, "--max-len", help="Truncate sequences to this many tokens."),
+    epochs: float = typer.Option(1.0, "--epochs"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
+    time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Stop after this many seconds."),
+    lr: float = typer.Option(6e-4, "--lr"),
+    warmup: float = typer.Option(0.04, "--warmup", help="Warmup fraction of the steps."),
+    weight_decay: float = typer.Option(0.01, "--weight-decay"),
+    grad_clip: float = typer.Option(1.0, "--grad-clip"),
+    loss_vocab: str = typer.Option("full", "--loss-vocab",
+                                   help="'full' vocabulary, or 'data': only tokens that occur in the data (cheaper)."),
+    checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints."),
+    checkpoint_minutes: float = typer.Option(5.0, "--checkpoint-minutes", help="Also checkpoint after this many minutes."),
+    seed: int = typer.Option(0, "--seed"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Log lines instead of a progress bar."),
+) -> None:
+    """Train a DFlash drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
+    from .train import TrainArgs, train
+
+    data_file = data / "train.jsonl" if data.is_dir() else data
+    if not data_file.is_file():
+        raise FileNotFoundError(f"no training data at {data_file}")
+    args = TrainArgs(data=str(data_file), out=str(out), model=model, num_layers=num_layers,
+                     target_layer_ids=_ids(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
+                     intermediate_size=intermediate_size, gamma=gamma, batch_size=batch_size,
+                     num_anchors=num_anchors, max_len=max_len, epochs=epochs, max_steps=max_steps,
+                     time_limit=time_limit, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
+                     loss_vocab=loss_vocab, checkpoint_every=checkpoint_every,
+                     checkpoint_minutes=checkpoint_minutes, seed=seed, resume=resume, progress=not no_progress)
+    result = train(args, log=lambda s: typer.echo(s))
+    typer.echo(f"trained {result['step']} steps in {result['elapsed']:.0f}s -> {out}")
+
+
+def eval_command(
+    prompts: List[str] = typer.Option(..., "--prompts", "-p",
+                                      help="heldout.jsonl from `dflash data`, a prompt JSONL, or a built-in source. Repeatable."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
+    temp: List[float] = typer.Option([0.0, 1.0], "--temp", help="Temperatures (repeatable)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Verify this many tokens (default: the drafter's B)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
+) -> None:
+    """Mean acceptance length tau per prompt set, and the histogram of accepted lengths."""
+    from .evaluate import evaluate, format_results, prompts_for
+    from .loading import load, load_draft
+
+    items = prompts_for(prompts, limit)
+    if not items:
+        raise ValueError("no prompts to evaluate")
+    target, tokenizer = load(model)
+    drafter = load_draft(draft, model=target)
+    results = evaluate(target, tokenizer, drafter, items, max_tokens=max_tokens, temps=temp,
+                       block_size=block_size, seed=seed)
+    typer.echo(format_results(results))
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2) + "\n")
