@@ -209,6 +209,8 @@ def generate_step(
             mx.eval(drafts)
             stats.draft_time += time.perf_counter() - tic
             tic = time.perf_counter()
+        else:
+            mx.async_eval(drafts)  # drafting runs while the verify graph is built
         hidden, features = target.forward(mx.concatenate([block[0, :1], drafts])[None], cache.target)
         logits = target.lm_head(hidden)[0]
         if temp == 0:
