@@ -70,6 +70,11 @@ def acceptance_bar(lengths: tuple[int, ...], block_size: int | None, width: int 
     return bar
 
 
+def prompt_text(s: Snapshot) -> str:
+    reused = f" (+{s.prompt_cached} reused)" if s.prompt_cached else ""
+    return f"prompt {s.prefilled} tok{reused} @ {s.prompt_tps:.0f} tok/s"
+
+
 def summary_line(s: Snapshot, reason: str) -> str:
     """The one line shown under each reply."""
     parts = [f"{s.generation_tokens} tokens", f"{s.generation_tps:.1f} tok/s"]
@@ -81,7 +86,7 @@ def summary_line(s: Snapshot, reason: str) -> str:
             f"accepted {s.accepted_drafted_tokens}/{s.drafted_tokens} drafted"
             f" ({s.acceptance_rate:.0%})"
         )
-    parts.append(f"prompt {s.prompt_tokens} @ {s.prompt_tps:.0f} tok/s")
+    parts.append(prompt_text(s))
     parts.append(f"peak {s.peak_memory:.2f} GB")
     if reason == "stopped":
         parts.append("stopped")
@@ -153,7 +158,7 @@ class StatsPanel(Vertical):
                 speed.append("   τ –")
             else:
                 speed.append(f"   τ {snap.mean_acceptance:5.2f}", style="bold")
-            speed.append(f"   prompt {snap.prompt_tokens} tok @ {snap.prompt_tps:.0f} tok/s")
+            speed.append(f"   {prompt_text(snap)}")
             speed.append(f"   peak {snap.peak_memory:.2f} GB")
             if snap.baseline:
                 blocks.append("baseline: every token comes from the target", style="dim")
@@ -272,7 +277,7 @@ class ChatApp(App):
 
     def on_unmount(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown(timeout=2.0)
+            self.engine.shutdown(timeout=10.0)
 
     def _post_event(self, event: Event) -> None:
         """Runs on the engine's thread: hand the event over to the UI thread."""
@@ -289,7 +294,8 @@ class ChatApp(App):
 
     @property
     def has_draft(self) -> bool:
-        return self.draft_name is not None
+        """A drafter is loaded (or, before loading ends, expected)."""
+        return self.draft_name is not None or self.model_name is None
 
     @property
     def busy(self) -> bool:
@@ -325,7 +331,10 @@ class ChatApp(App):
         panel.show(labels.get(self.state, self.state), self.last, detail)
         baseline = self.settings.baseline or not self.has_draft
         panel.border_title = "baseline" if baseline else "DFlash"
-        colours = "colours on: draft ▇ target ▇" if self.tint else "ctrl+t: colour drafted tokens"
+        if self.tint:
+            colours = f"[{DRAFT_STYLE}]drafted[/] · [{TARGET_STYLE}]target[/]"
+        else:
+            colours = "ctrl+t: colour drafted tokens"
         block = self.last.block_size if self.last and not self.last.baseline else None
         describe = self.settings.describe(self.has_draft, block)
         panel.border_subtitle = f"{describe} · {colours}"
@@ -514,7 +523,7 @@ class ChatApp(App):
         self.refresh_stats()
 
     async def cmd_baseline(self, arg: str) -> None:
-        if not self.has_draft:
+        if self.draft_name is None:
             await self.note("No drafter is loaded: decoding is target-only already.", "error")
             return
         self.settings.baseline = not self.settings.baseline

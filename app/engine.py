@@ -50,8 +50,9 @@ class Snapshot:
 
     generation_tokens: int = 0
     generation_tps: float = 0.0
-    prompt_tokens: int = 0
-    prompt_tps: float = 0.0
+    prompt_tokens: int = 0  # the whole conversation so far
+    prompt_cached: int = 0  # of which reused from the KV cache (not prefilled)
+    prompt_tps: float = 0.0  # prefill speed over the tokens actually prefilled
     peak_memory: float = 0.0
     baseline: bool = False
     block_size: int | None = None
@@ -65,6 +66,10 @@ class Snapshot:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_drafted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def prefilled(self) -> int:
+        return self.prompt_tokens - self.prompt_cached
 
     @property
     def target_tokens(self) -> int:
@@ -140,11 +145,20 @@ def describe_error(exc: BaseException) -> str:
 def _snapshot(response: Any, baseline: bool, draft_tokens_out: int) -> Snapshot:
     stats = getattr(response, "stats", None)
     lengths = list(getattr(stats, "accepted_lengths", None) or ())
+    prompt_tokens = getattr(response, "prompt_tokens", 0) or 0
+    cached = getattr(stats, "prompt_cached", 0) or 0
+    prompt_time = getattr(stats, "prompt_time", 0.0) or 0.0
+    # response.prompt_tps counts reused tokens too; the prefill speed is over the new ones
+    if prompt_time > 0:
+        prompt_tps = (prompt_tokens - cached) / prompt_time
+    else:
+        prompt_tps = getattr(response, "prompt_tps", 0.0) or 0.0
     return Snapshot(
         generation_tokens=getattr(response, "generation_tokens", 0) or 0,
         generation_tps=getattr(response, "generation_tps", 0.0) or 0.0,
-        prompt_tokens=getattr(response, "prompt_tokens", 0) or 0,
-        prompt_tps=getattr(response, "prompt_tps", 0.0) or 0.0,
+        prompt_tokens=prompt_tokens,
+        prompt_cached=cached,
+        prompt_tps=prompt_tps,
         peak_memory=getattr(response, "peak_memory", 0.0) or 0.0,
         baseline=baseline,
         block_size=getattr(stats, "block_size", None),
@@ -181,7 +195,7 @@ class Engine:
         self.model = None
         self.tokenizer = None
         self.draft = None
-        self._caches: dict[str, Any] = {}
+        self.cache = None  # the conversation's KV state, shared by DFlash and baseline
 
     # ---- UI side
 
@@ -230,21 +244,19 @@ class Engine:
                 getattr(self, f"_do_{name}")(*args)
             except Exception as exc:  # never let the worker die
                 self._emit(Failed(describe_error(exc), name))
-        self.model = self.tokenizer = self.draft = None
-        self._caches.clear()
+        self.model = self.tokenizer = self.draft = self.cache = None
 
     def _do_load(self, model_path: str | None, draft_path: str | None) -> None:
-        self.model = self.tokenizer = self.draft = None
-        self._caches.clear()
+        self.model = self.tokenizer = self.draft = self.cache = None
         model_name = model_path or DEFAULT_MODEL_NAME
-        self._emit(Status(f"Loading {model_name} …"))
+        self._emit(Status(f"target {model_name} …"))
         try:
             self.model, self.tokenizer = self._backend.load(model_path)
         except Exception as exc:
             self._emit(Failed(f"Could not load model {model_name}: {describe_error(exc)}", "load"))
             return
         draft_name = draft_path or f"default drafter for {model_name}"
-        self._emit(Status(f"Loading {draft_name} …"))
+        self._emit(Status(f"drafter: {draft_name} …"))
         try:
             self.draft = self._backend.load_draft(draft_path, model=self.model)
         except Exception as exc:
@@ -260,14 +272,8 @@ class Engine:
         self._emit(Loaded(model_name, draft_path or "default drafter"))
 
     def _do_clear(self) -> None:
-        self._caches.clear()
+        self.cache = None
         self._emit(Cleared())
-
-    def _cache(self, draft: Any) -> Any:
-        key = "baseline" if draft is None else "dflash"
-        if key not in self._caches:
-            self._caches[key] = self._backend.make_prompt_cache(self.model, draft)
-        return self._caches[key]
 
     def _do_generate(self, seq: int, messages: list[dict], settings: Settings) -> None:
         baseline = settings.baseline or self.draft is None
@@ -279,7 +285,8 @@ class Engine:
             return
         draft = None if baseline else self.draft
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        cache = self._cache(draft)
+        if self.cache is None:
+            self.cache = self._backend.make_prompt_cache(self.model, self.draft)
 
         def progress(done: int, total: int) -> None:
             if self._cancelled(seq):
@@ -296,7 +303,7 @@ class Engine:
             top_p=settings.top_p,
             top_k=settings.top_k,
             block_size=settings.block_size,
-            prompt_cache=cache,
+            prompt_cache=self.cache,
             prompt_progress_callback=progress,
         )
         last = None
@@ -316,10 +323,10 @@ class Engine:
                     break
         except _Stopped:
             # Abandoned mid-prefill: the cache may hold part of the prompt, drop it.
-            self._caches.clear()
+            self.cache = None
             reason = "stopped"
         except Exception as exc:
-            self._caches.clear()  # its state is unknown after a failure
+            self.cache = None  # its state is unknown after a failure
             self._emit(Failed(describe_error(exc), "generate"))
             return
         finally:

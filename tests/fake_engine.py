@@ -24,6 +24,8 @@ class FakeStats:
     accepted_drafted_tokens: int = 0
     draft_time: float = 0.0
     verify_time: float = 0.0
+    prompt_cached: int = 0
+    prompt_time: float = 0.0
 
     @property
     def mean_acceptance(self) -> float:
@@ -125,7 +127,8 @@ class FakeBackend:
         if self.generate_error:
             raise self.generate_error
         script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-        stats = FakeStats(block_size=block_size or 8)
+        stats = FakeStats(block_size=block_size or 8, prompt_cached=common,
+                          prompt_time=prefilled / 412.0)
         blocks = blocks_of(script) if draft_model is not None else [[t] for b in blocks_of(script) for t in b]
         n = 0
         for b, block in enumerate(blocks):
@@ -146,7 +149,7 @@ class FakeBackend:
                 yield FakeResponse(
                     text=piece, token=1000 + n,
                     from_draft=draft_model is not None and i < len(block) - 1,
-                    prompt_tokens=prefilled, prompt_tps=412.0, generation_tokens=n,
+                    prompt_tokens=len(prompt), prompt_tps=0.0, generation_tokens=n,
                     generation_tps=84.2, peak_memory=0.61,
                     finish_reason=finish, stats=stats,
                 )

@@ -145,6 +145,9 @@ async def test_multi_turn_prefills_only_the_new_message():
         assert first["prefilled"] == len(first["prompt"])
         assert second["prefilled"] < len(second["prompt"]) - len(first["prompt"]) + 20
         assert backend.calls[0]["prompt"][:len("<system>")] == [ord(c) for c in "<system>"]
+        first_summary, second_summary = notes(app, "summary")
+        assert "reused" not in first_summary
+        assert f"prompt {second['prefilled']} tok (+{len(second['prompt']) - second['prefilled']} reused)" in second_summary
 
 
 @run_async
@@ -228,6 +231,7 @@ async def test_commands_change_settings(tmp_path):
         await say(pilot, "/baseline")
         await answered(pilot, "again")
         assert backend.calls[-1]["draft_model"] == "fake-draft"
+        assert backend.calls[-1]["prompt_cache"] is backend.calls[0]["prompt_cache"]
         await say(pilot, "/temp hot")
         await say(pilot, "/nope")
         errors = notes(app, "error")
@@ -284,7 +288,25 @@ def test_snapshot_main_screen(snap_compare):
     app = make_app(backend, system="Be brief.")
 
     async def run_before(pilot):
+        pilot.app.query_one("#prompt").cursor_blink = False  # a blinking cursor is not deterministic
         await answered(pilot, "How does DFlash make decoding faster?")
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
+
+
+def test_snapshot_multi_turn_coloured(snap_compare):
+    backend = FakeBackend([
+        "Speculative decoding| lets a small| model guess| ahead.",
+        "Because the target checks a| whole block in one| forward pass,| and accepted| guesses cost almost nothing.",
+    ])
+    app = make_app(backend)
+
+    async def run_before(pilot):
+        pilot.app.query_one("#prompt").cursor_blink = False
+        await answered(pilot, "What is speculative decoding?")
+        await answered(pilot, "Why is it faster?")
+        await pilot.press("ctrl+t")
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
