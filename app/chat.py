@@ -47,7 +47,7 @@ HELP = """\
 - `/save FILE` save the transcript as Markdown
 - `/load [MODEL] [DRAFT]` load another model (none given: the built-in default)
 
-**Keys**: `Enter` send · `Esc` stop the reply · `Ctrl+T` colour drafted tokens · `Ctrl+Q` or `Ctrl+C` quit
+**Keys**: `Enter` send · `Esc` stop the reply · `Ctrl+D` colour drafted tokens · `Ctrl+Q` or `Ctrl+C` quit
 """
 
 DRAFT_STYLE = "bold #5fd7af"  # tokens that came from accepted drafts
@@ -220,7 +220,7 @@ class ChatApp(App):
     """
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),
-        Binding("ctrl+t", "toggle_tint", "Colour drafts", priority=True),
+        Binding("ctrl+d", "toggle_tint", "Colour drafts", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
     ]
@@ -334,7 +334,7 @@ class ChatApp(App):
         if self.tint:
             colours = f"[{DRAFT_STYLE}]drafted[/] · [{TARGET_STYLE}]target[/]"
         else:
-            colours = "ctrl+t: colour drafted tokens"
+            colours = "ctrl+d: colour drafted tokens"
         block = self.last.block_size if self.last and not self.last.baseline else None
         describe = self.settings.describe(self.has_draft, block)
         panel.border_subtitle = f"{describe} · {colours}"
@@ -603,17 +603,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the target's)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
     p.add_argument("--block-size", type=int, default=None, help="drafter block size (default: the drafter's)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--no-draft", action="store_true", help="start in baseline mode (target only; /baseline toggles)")
     return p
 
 
 def app_from_args(argv: list[str] | None = None) -> ChatApp:
     args = build_parser().parse_args(argv)
-    settings = Settings(
-        temp=args.temp, top_p=args.top_p, block_size=args.block_size, max_tokens=args.max_tokens
-    )
+    settings = Settings(temp=args.temp, top_p=args.top_p, top_k=args.top_k,
+                        block_size=args.block_size, max_tokens=args.max_tokens,
+                        baseline=args.no_draft)
     return ChatApp(model=args.model, draft=args.draft, settings=settings, system=args.system)
 
 

@@ -134,6 +134,30 @@ async def test_escape_stops_and_keeps_partial_reply():
 
 
 @run_async
+async def test_follows_the_reply_unless_scrolled_up():
+    long = "|".join(f"Line {i} of a long answer.\n\n" for i in range(40))
+    gate = threading.Event()
+    backend = FakeBackend([long, "Short."], gate=gate, free_tokens=60)
+    app = make_app(backend)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "a long answer please")
+        await until(pilot, lambda: backend.waiting.is_set())
+        transcript = app.transcript
+        await until(pilot, lambda: 0 < transcript.max_scroll_y == transcript.scroll_y)
+        transcript.scroll_home(animate=False)  # the user scrolls up to read
+        await pilot.pause(0.05)
+        gate.set()
+        await until(pilot, lambda: app.state == "ready")
+        await pilot.pause(0.2)
+        assert transcript.scroll_y == 0 and transcript.max_scroll_y > 20
+        # sending a new message brings the view back to the bottom
+        await answered(pilot, "thanks")
+        await pilot.pause(0.2)
+        assert transcript.scroll_y == transcript.max_scroll_y > 20
+
+
+@run_async
 async def test_multi_turn_prefills_only_the_new_message():
     backend = FakeBackend([REPLY, "Six."])
     app = make_app(backend, system="Be brief.")
@@ -247,17 +271,17 @@ async def test_commands_change_settings(tmp_path):
 
 
 @run_async
-async def test_ctrl_t_colours_drafted_tokens():
+async def test_ctrl_d_colours_drafted_tokens():
     app = make_app()
     async with app.run_test() as pilot:
         await answered(pilot, "hi")
         reply = app.query_one(Reply)
-        await pilot.press("ctrl+t")
+        await pilot.press("ctrl+d")
         assert reply.has_class("-tinted")
         tinted = reply.query_one(".tinted").content
         draft = [s for s in tinted.spans if "5fd7af" in str(s.style)]
         assert draft and tinted.plain == reply.text
-        await pilot.press("ctrl+t")
+        await pilot.press("ctrl+d")
         assert not reply.has_class("-tinted")
 
 
@@ -279,6 +303,8 @@ def test_cli_flags():
     assert app.settings == Settings(temp=0.5, top_p=0.9, block_size=8, max_tokens=64)
     default = app_from_args([])
     assert default.model_path is None and default.draft_path is None
+    assert default.settings == Settings()
+    assert app_from_args(["--no-draft", "--top-k", "20"]).settings == Settings(top_k=20, baseline=True)
 
 
 def test_snapshot_main_screen(snap_compare):
@@ -306,7 +332,7 @@ def test_snapshot_multi_turn_coloured(snap_compare):
         pilot.app.query_one("#prompt").cursor_blink = False
         await answered(pilot, "What is speculative decoding?")
         await answered(pilot, "Why is it faster?")
-        await pilot.press("ctrl+t")
+        await pilot.press("ctrl+d")
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
