@@ -285,14 +285,21 @@ async def test_ctrl_d_colours_drafted_tokens():
         assert not reply.has_class("-tinted")
 
 
+@pytest.mark.parametrize("key", ["ctrl+q", "ctrl+c"])
 @run_async
-async def test_ctrl_q_quits_and_stops_the_worker():
-    app = make_app()
+async def test_quit_keys_exit_and_stop_the_worker(key):
+    gate = threading.Event()
+    backend = FakeBackend([REPLY], gate=gate, free_tokens=2)
+    app = make_app(backend)
     async with app.run_test() as pilot:
         await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "hi")
+        await until(pilot, lambda: backend.waiting.is_set())
         engine = app.engine
-        await pilot.press("ctrl+q")
+        gate.set()
+        await pilot.press(key)
         await pilot.pause(0.1)
+    assert app.return_code == 0
     assert not engine._thread.is_alive()
 
 
