@@ -314,12 +314,19 @@ def build_dataset(out_dir: str | Path, sources: Sequence[str] = ("chat", "math",
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = collect_prompts(sources, seed)
-    train, held = split_heldout(prompts, heldout, seed)
+    held_file = out_dir / "heldout.jsonl"
+    if held_file.is_file():
+        # resuming: the held-out set stays exactly as first written, and out of training
+        held = [json.loads(line) for line in held_file.read_text().splitlines() if line.strip()]
+        held_ids = {p["id"] for p in held}
+        train, _ = split_heldout([p for p in prompts if p["id"] not in held_ids], 0, seed)
+    else:
+        train, held = split_heldout(prompts, heldout, seed)
+        with open(held_file, "w") as fh:
+            for p in held:
+                fh.write(json.dumps(p) + "\n")
     if num_prompts is not None:
         train = train[:num_prompts]
-    with open(out_dir / "heldout.jsonl", "w") as fh:
-        for p in held:
-            fh.write(json.dumps(p) + "\n")
     train_file = out_dir / "train.jsonl"
     done = {r["id"] for r in iter_records(train_file)} if train_file.exists() else set()
     todo = [p for p in train if p["id"] not in done]

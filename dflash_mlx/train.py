@@ -320,7 +320,8 @@ def _save_checkpoint(out: Path, drafter: Drafter, optimizer: optim.Optimizer, st
     save_drafter(drafter, out)   # the output directory is always a loadable drafter
     ck = out / "checkpoint"
     ck.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(ck / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    # not *.safetensors: the checkpoint directory itself stays a loadable drafter
+    mx.savez(str(ck / "optimizer.npz"), **dict(tree_flatten(optimizer.state)))
     save_drafter(drafter, ck)
     (ck / "state.json").write_text(json.dumps(state, indent=2) + "\n")
 
@@ -383,9 +384,9 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
         mx.random.seed(args.seed)
         mx.eval(drafter.parameters())
     optimizer = optim.AdamW(learning_rate=args.lr, weight_decay=args.weight_decay)
-    if args.resume and (out / "checkpoint" / "optimizer.safetensors").is_file():
+    if args.resume and (out / "checkpoint" / "optimizer.npz").is_file():
         optimizer.init(drafter.trainable_parameters())
-        opt_state = tree_unflatten(list(mx.load(str(out / "checkpoint" / "optimizer.safetensors")).items()))
+        opt_state = tree_unflatten(list(mx.load(str(out / "checkpoint" / "optimizer.npz")).items()))
         optimizer.state = opt_state
     if world > 1:
         # the same initial weights everywhere

@@ -201,3 +201,39 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
     a, b = inference_block(trained, target, toks, 6), inference_block(again, target, toks, 6)
     assert mx.abs(a - b).max().item() == 0
     assert json.loads((tmp_path / "copy" / "config.json").read_text())["dflash_config"]["mask_token_id"] == 46
+
+
+def test_checkpoint_and_resume(tmp_path, monkeypatch):
+    import dflash_mlx.loading as loading
+    from dflash_mlx.train import TrainArgs, train
+
+    model = tiny_target(vocab=48)
+
+    class Tok:
+        eos_token_id = 47
+        eos_token_ids = {47}
+        all_special_ids = [46, 47]
+        chat_template = None
+
+        def convert_ids_to_tokens(self, i):
+            return f"<{i}>"
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as fh:
+        for i in range(8):
+            fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": rng.integers(0, 40, 5).tolist(),
+                                 "completion_ids": rng.integers(0, 40, 20).tolist()}) + "\n")
+    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, Tok()))
+    out = tmp_path / "d"
+    common = dict(data=str(data), out=str(out), num_layers=1, target_layer_ids=[1, 3], block_size=4,
+                  batch_size=2, num_anchors=4, progress=False, checkpoint_every=1)
+    first = train(TrainArgs(max_steps=3, **common), log=lambda s: None)
+    assert first["step"] == 3
+    assert (out / "checkpoint" / "state.json").is_file()
+    load_drafter_dir(out / "checkpoint")                     # the checkpoint is itself a drafter
+    load_drafter_dir(out)
+    second = train(TrainArgs(max_steps=5, resume=True, **common), log=lambda s: None)
+    assert second["step"] == 5
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 5 and state["seen"] == 10
