@@ -1,7 +1,7 @@
 """dflash-chat: a terminal chat that shows DFlash speculative decoding at work.
 
     dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
-                [--block-size B] [--max-tokens N] [--system TEXT]
+                [--top-k K] [--block-size B] [--max-tokens N] [--system TEXT] [--no-draft]
 
 All model work happens on the engine's worker thread (see `engine.py`); this module is
 only the Textual UI: a transcript of Markdown messages, a live stats panel, an input.
