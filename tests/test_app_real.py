@@ -38,7 +38,7 @@ async def _chat(prompt: str, screenshot: str | None) -> tuple:
     from dflash_mlx.app.engine import Settings
 
     app = ChatApp(draft=os.environ.get("DFLASH_CHAT_DRAFT"), settings=Settings(max_tokens=48))
-    async with app.run_test(size=(110, 34)) as pilot:
+    async with app.run_test(size=(100, 34)) as pilot:
 
         async def until(condition, timeout):
             deadline = time.monotonic() + timeout
