@@ -240,6 +240,9 @@ class ChatApp(App):
         self.system = system
         self._engine_factory = engine_factory or (lambda on_event: Engine(on_event))
         self.engine: Engine | None = None
+        self._transcript = VerticalScroll(id="transcript")
+        self._panel = StatsPanel()
+        self._follow_timer = None
         self.messages: list[dict] = []  # the conversation, without the system prompt
         self.log_entries: list[tuple[str, str]] = []  # (kind, text) for /save
         self.model_name: str | None = None
@@ -255,10 +258,8 @@ class ChatApp(App):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield VerticalScroll(id="transcript")
-        panel = StatsPanel()
-        panel.border_title = "DFlash"
-        yield panel
+        yield self._transcript
+        yield self._panel
         yield Input(placeholder="Message  (/help for commands, Esc stops a reply)", id="prompt")
         yield Footer()
 
@@ -273,9 +274,11 @@ class ChatApp(App):
         self.engine.start()
         self.engine.load(self.model_path, self.draft_path)
         self.refresh_stats()
-        self.set_interval(0.1, self.follow)
+        self._follow_timer = self.set_interval(0.1, self.follow)
 
     def on_unmount(self) -> None:
+        if self._follow_timer is not None:
+            self._follow_timer.stop()
         if self.engine is not None:
             self.engine.shutdown(timeout=10.0)
 
@@ -290,7 +293,7 @@ class ChatApp(App):
 
     @property
     def transcript(self) -> VerticalScroll:
-        return self.query_one("#transcript", VerticalScroll)
+        return self._transcript
 
     @property
     def has_draft(self) -> bool:
@@ -307,8 +310,8 @@ class ChatApp(App):
         Anchoring an unfilled container would bottom-align it, so it waits for overflow;
         once anchored, Textual keeps to the bottom unless the user scrolls up.
         """
-        transcript = self.transcript
-        if not transcript.is_anchored and transcript.max_scroll_y > 0:
+        transcript = self._transcript
+        if transcript.is_attached and not transcript.is_anchored and transcript.max_scroll_y > 0:
             transcript.anchor()
 
     async def note(self, text: str, kind: str = "info") -> Note:
@@ -319,7 +322,7 @@ class ChatApp(App):
         return widget
 
     def refresh_stats(self, detail: str = "") -> None:
-        panel = self.query_one(StatsPanel)
+        panel = self._panel
         labels = {
             "starting": "◌ starting",
             "loading": "◌ loading",
@@ -374,8 +377,10 @@ class ChatApp(App):
     # ---- engine events
 
     async def on_engine_message(self, message: EngineMessage) -> None:
+        if not self._transcript.is_attached:
+            return  # quitting: the widgets are gone
         event = message.event
-        panel = self.query_one(StatsPanel)
+        panel = self._panel
         if isinstance(event, Token):
             if self.reply is not None:
                 await self.reply.add(event.text, event.from_draft)
@@ -422,7 +427,7 @@ class ChatApp(App):
 
     async def end_reply(self, reason: str, summary: str | None) -> None:
         reply, self.reply = self.reply, None
-        self.query_one(StatsPanel).hide_progress()
+        self._panel.hide_progress()
         if reply is not None:
             await reply.finish()
             if reply.text:
