@@ -147,18 +147,12 @@ def _snapshot(response: Any, baseline: bool, draft_tokens_out: int) -> Snapshot:
     lengths = list(getattr(stats, "accepted_lengths", None) or ())
     prompt_tokens = getattr(response, "prompt_tokens", 0) or 0
     cached = getattr(stats, "prompt_cached", 0) or 0
-    prompt_time = getattr(stats, "prompt_time", 0.0) or 0.0
-    # response.prompt_tps counts reused tokens too; the prefill speed is over the new ones
-    if prompt_time > 0:
-        prompt_tps = (prompt_tokens - cached) / prompt_time
-    else:
-        prompt_tps = getattr(response, "prompt_tps", 0.0) or 0.0
     return Snapshot(
         generation_tokens=getattr(response, "generation_tokens", 0) or 0,
         generation_tps=getattr(response, "generation_tps", 0.0) or 0.0,
         prompt_tokens=prompt_tokens,
         prompt_cached=cached,
-        prompt_tps=prompt_tps,
+        prompt_tps=getattr(response, "prompt_tps", 0.0) or 0.0,
         peak_memory=getattr(response, "peak_memory", 0.0) or 0.0,
         baseline=baseline,
         block_size=getattr(stats, "block_size", None),

@@ -61,7 +61,8 @@ class GenerationStats:
 
 @dataclass
 class GenerationResponse:
-    """mlx-lm's `GenerationResponse` fields, plus the live `stats`."""
+    """mlx-lm's `GenerationResponse` fields, plus the live `stats`. `prompt_tps` counts
+    the prompt tokens actually prefilled (not those reused from a PromptCache)."""
 
     text: str
     token: int
@@ -327,7 +328,7 @@ def stream_generate(
                 yield GenerationResponse(
                     text=text, token=token, logprobs=lp, from_draft=i < n_drafted,
                     prompt_tokens=len(tokens),
-                    prompt_tps=len(tokens) / stats.prompt_time if stats.prompt_time else 0.0,
+                    prompt_tps=(len(tokens) - stats.prompt_cached) / stats.prompt_time if stats.prompt_time else 0.0,
                     generation_tokens=n, generation_tps=stats.tokens_per_second,
                     peak_memory=mx.get_peak_memory() / 1e9, finish_reason=finish, stats=stats)
                 if finish:

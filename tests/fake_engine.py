@@ -10,41 +10,9 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass, field
 
 from dflash_mlx.app.engine import Engine
-
-
-@dataclass
-class FakeStats:
-    block_size: int = 8
-    cycles: int = 0
-    accepted_lengths: list = field(default_factory=list)
-    drafted_tokens: int = 0
-    accepted_drafted_tokens: int = 0
-    draft_time: float = 0.0
-    verify_time: float = 0.0
-    prompt_cached: int = 0
-    prompt_time: float = 0.0
-
-    @property
-    def mean_acceptance(self) -> float:
-        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
-
-
-@dataclass
-class FakeResponse:
-    text: str
-    token: int
-    from_draft: bool
-    prompt_tokens: int
-    prompt_tps: float
-    generation_tokens: int
-    generation_tps: float
-    peak_memory: float
-    finish_reason: str | None
-    stats: FakeStats
-    logprobs: object = None
+from dflash_mlx.speculative import GenerationResponse, GenerationStats
 
 
 class FakeTokenizer:
@@ -127,8 +95,8 @@ class FakeBackend:
         if self.generate_error:
             raise self.generate_error
         script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-        stats = FakeStats(block_size=block_size or 8, prompt_cached=common,
-                          prompt_time=prefilled / 412.0)
+        stats = GenerationStats(block_size=block_size or 8, prompt_cached=common,
+                                prompt_time=prefilled / 412.0)
         blocks = blocks_of(script) if draft_model is not None else [[t] for b in blocks_of(script) for t in b]
         n = 0
         for b, block in enumerate(blocks):
@@ -146,10 +114,10 @@ class FakeBackend:
                 prompt_cache.tokens.append(1000 + n)
                 last = b == len(blocks) - 1 and i == len(block) - 1
                 finish = "stop" if last else "length" if n >= max_tokens else None
-                yield FakeResponse(
-                    text=piece, token=1000 + n,
+                yield GenerationResponse(
+                    text=piece, token=1000 + n, logprobs=None,
                     from_draft=draft_model is not None and i < len(block) - 1,
-                    prompt_tokens=len(prompt), prompt_tps=0.0, generation_tokens=n,
+                    prompt_tokens=len(prompt), prompt_tps=412.0 if prefilled else 0.0, generation_tokens=n,
                     generation_tps=84.2, peak_memory=0.61,
                     finish_reason=finish, stats=stats,
                 )
