@@ -1,0 +1,449 @@
+"""Lossless sampling: speculative (rejection) sampling draws exactly from the target's
+sampling distribution, which is mlx-lm's (`make_sampler`: top-p, then top-k, on the
+log-probabilities, then the temperature).
+
+Statistics: every distribution check is Pearson's chi-square goodness-of-fit test
+against the EXACT distribution (computed, not sampled), cells with an expected count
+below 5 pooled, at a false-alarm rate ALPHA = 1e-3 per test; all seeds are fixed, so a
+run is reproducible and a pass is not luck of the day. Outcomes that have probability
+zero (outside the top-p / top-k support) are checked separately: never allowed.
+
+* `filter_logprobs` / `probabilities` agree with mlx-lm's `apply_top_p` / `apply_top_k`.
+* `speculative_accept` on synthetic p / q over a tiny vocabulary: the first committed
+  token ~ p[0], the second (given the first draft was accepted) ~ p[1], the bonus after a
+  fully accepted block ~ p[-1]; with q != p, q = p, one-hot q (greedy drafts), q with a
+  support the target lacks, and top-p / top-k filtered p and q from `probabilities`.
+* End to end on the real default target (SmolLM2-135M-Instruct, float32): the first two
+  tokens of `stream_generate` at temperature 1 are distributed as plain sampling's exact
+  joint distribution p(t1) p(t2 | t1), with a random drafter (almost always rejected)
+  and with an "oracle" drafter whose proposals come from a flattened copy of the target's
+  own distribution (mostly accepted, sometimes rejected), the latter with top-p and top-k;
+  for it the accepted / rejected paths are also checked against min(p, q) / max(p - q, 0).
+  Plain sampling's distribution is computed with mlx-lm's own filters on the target's
+  logits, which is what `mlx_lm.stream_generate(..., sampler=make_sampler(...))` samples.
+"""
+
+from __future__ import annotations
+
+import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
+
+import math
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache as make_target_cache
+from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
+
+from dflash_mlx import make_prompt_cache, stream_generate
+from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.sampling import filter_logprobs, log_softmax, probabilities, speculative_accept
+
+ALPHA = 1e-3  # false-alarm rate of each statistical test
+MIN_EXPECTED = 5.0  # cells expected to hold fewer samples are pooled
+
+
+# ---------------------------------------------------------------------------
+# Statistics helpers
+# ---------------------------------------------------------------------------
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X ~ chi-square(df): the regularized upper incomplete gamma Q(df/2, x/2)."""
+    a, z = df / 2.0, x / 2.0
+    if z <= 0:
+        return 1.0
+    log_prefactor = -z + a * math.log(z) - math.lgamma(a)
+    if z < a + 1:  # series for the lower function P, then Q = 1 - P
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-16:
+            n += 1
+            term *= z / n
+            total += term
+        return max(0.0, 1.0 - total * math.exp(log_prefactor))
+    # continued fraction for Q (modified Lentz)
+    tiny = 1e-300
+    b = z + 1 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 100_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        h *= d * c
+        if abs(d * c - 1) < 1e-16:
+            break
+    return math.exp(log_prefactor) * h
+
+
+def chi_square_gof(samples, probs: dict, impossible=lambda outcome: False) -> tuple[float, int, float]:
+    """Goodness of fit of `samples` (hashable outcomes) to a distribution given by `probs`:
+    outcome -> exact probability for the outcomes that get a cell of their own; every other
+    outcome falls into one pooled cell holding the remaining probability. Outcomes whose
+    expected count is below MIN_EXPECTED are pooled too. Returns (statistic, dof, p-value).
+    Fails at once if a sample is an outcome of probability zero (`impossible`)."""
+    n = len(samples)
+    bad = [s for s in set(samples) if impossible(s)]
+    assert not bad, f"outcomes of probability zero were sampled: {bad[:5]}"
+    counts = Counter(samples)
+    cells = [(counts.get(k, 0), n * p) for k, p in probs.items() if n * p >= MIN_EXPECTED]
+    kept = {k for k, p in probs.items() if n * p >= MIN_EXPECTED}
+    rest = (sum(c for k, c in counts.items() if k not in kept),
+            n * max(0.0, 1.0 - sum(probs[k] for k in kept)))
+    if rest[1] >= MIN_EXPECTED:
+        cells.append(rest)
+    elif cells:  # too small for a cell of its own: pool it with the smallest one
+        i = min(range(len(cells)), key=lambda j: cells[j][1])
+        cells[i] = (cells[i][0] + rest[0], cells[i][1] + rest[1])
+    assert len(cells) >= 2, "not enough probability mass spread to test"
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    df = len(cells) - 1
+    return stat, df, chi2_sf(stat, df)
+
+
+def assert_fits(samples, probs: dict, what: str, impossible=lambda outcome: False) -> None:
+    stat, df, p = chi_square_gof(samples, probs, impossible)
+    assert p > ALPHA, f"{what}: chi-square {stat:.1f} on {df} dof, p-value {p:.2e} < {ALPHA}"
+
+
+def test_chi2_sf_known_values():
+    # textbook 95% / 99.9% quantiles
+    for x, df, sf in [(3.841458820694124, 1, 0.05), (18.307038053275146, 10, 0.05),
+                      (10.827566170662733, 1, 1e-3), (59.70306137973097, 30, 1e-3),
+                      (2.0, 2, math.exp(-1.0)), (0.5, 3, 0.918891411654)]:
+        assert chi2_sf(x, df) == pytest.approx(sf, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Filters agree with mlx-lm
+# ---------------------------------------------------------------------------
+
+def _mlx_lm_logprobs(logprobs: mx.array, top_p: float, top_k: int) -> mx.array:
+    """mlx-lm's `make_sampler` chain: top-p, then top-k."""
+    if 0 < top_p < 1:
+        logprobs = apply_top_p(logprobs, top_p)
+    if top_k > 0:
+        logprobs = apply_top_k(logprobs, top_k)
+    return logprobs
+
+
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 0), (0.05, 0), (0.5, 0), (0.9, 0), (0.999, 0),
+                                         (1.0, 1), (1.0, 7), (1.0, 300), (1.0, 999),
+                                         (0.9, 20), (0.3, 200), (0.95, 1)])
+def test_filters_agree_with_mlx_lm(top_p, top_k):
+    rng = np.random.default_rng(7)
+    # rows of very different shapes: flat, peaked, heavy-tailed
+    scale = np.array([0.3, 1.0, 3.0, 8.0])[:, None]
+    logits = mx.array((scale * rng.standard_normal((4, 1000))).astype(np.float32))
+    logprobs = log_softmax(logits)
+    ours = np.array(filter_logprobs(logprobs, top_p, top_k))
+    ref = np.array(_mlx_lm_logprobs(logprobs, top_p, top_k))
+    np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(ref))
+    np.testing.assert_array_equal(ours[np.isfinite(ours)], ref[np.isfinite(ref)])
+    for temp in (0.5, 1.0, 1.7):
+        want = mx.softmax(_mlx_lm_logprobs(logprobs, top_p, top_k) * (1.0 / temp), axis=-1)
+        np.testing.assert_allclose(np.array(probabilities(logits, temp, top_p, top_k)),
+                                   np.array(want), rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------
+# speculative_accept on synthetic distributions
+# ---------------------------------------------------------------------------
+
+def _run_accept(target_probs: np.ndarray, draft_probs: np.ndarray, trials: int, seed: int) -> np.ndarray:
+    """`trials` independent blocks: drafts ~ q (row by row), then speculative_accept.
+    Returns (trials, B + 1) int array: the drafts, the accepted count a, the bonus token."""
+    mx.random.seed(seed)
+    p, q = mx.array(target_probs), mx.array(draft_probs)
+    drafts = mx.random.categorical(mx.log(q), shape=(trials, q.shape[0]))
+    rows = []
+    for start in range(0, trials, 500):  # evaluate in chunks: small graphs
+        chunk = []
+        for i in range(start, min(trials, start + 500)):
+            a, bonus = speculative_accept(drafts[i], q, p)
+            chunk.append(mx.concatenate([drafts[i], a[None], bonus[None]]))
+        rows.append(np.array(mx.stack(chunk)))
+    return np.concatenate(rows)
+
+
+def _committed(out: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """The committed token number `index` (0-based) of each trial, where it exists: the
+    accepted draft, or the bonus right after the accepted drafts."""
+    n_drafts = out.shape[1] - 2
+    drafts, a, bonus = out[:, :n_drafts], out[:, n_drafts], out[:, n_drafts + 1]
+    exists = a >= index
+    token = np.where(a > index, drafts[:, min(index, n_drafts - 1)], bonus)
+    return token[exists], exists
+
+
+def _dist(p_row: np.ndarray) -> dict:
+    return {int(i): float(v) for i, v in enumerate(p_row) if v > 0}
+
+
+def _check_block(p: np.ndarray, q: np.ndarray, trials: int, seed: int, label: str) -> np.ndarray:
+    out = _run_accept(p, q, trials, seed)
+    n_drafts = q.shape[0]
+    for index in range(n_drafts + 1):
+        tokens, exists = _committed(out, index)
+        if len(tokens) < 200:
+            continue  # too few trials reach this position to test it
+        assert_fits(list(tokens), _dist(p[index]), f"{label}: committed token {index}",
+                    impossible=lambda t, row=p[index]: row[t] == 0)
+    return out
+
+
+def _random_rows(rng, rows: int, vocab: int, concentration: float = 1.0) -> np.ndarray:
+    return rng.dirichlet(np.full(vocab, concentration), size=rows).astype(np.float32)
+
+
+def test_speculative_accept_is_exact_for_generic_q():
+    rng = np.random.default_rng(0)
+    p = _random_rows(rng, 4, 6)
+    q = _random_rows(rng, 3, 6)
+    q[2] = p[2]  # the last draft always passes when reached: bonus after a full block
+    out = _check_block(p, q, 4000, seed=1, label="generic q")
+    # Acceptance of draft 0 has probability sum(min(p, q)).
+    a = out[:, -2]
+    expected = float(np.minimum(p[0], q[0]).sum())
+    z = (np.mean(a >= 1) - expected) / math.sqrt(expected * (1 - expected) / len(a))
+    assert abs(z) < 3.29, f"acceptance rate of draft 0: z = {z:.2f}"  # two-sided 1e-3
+    assert (a == 3).sum() >= 200  # the bonus after a full block was tested
+
+
+def test_speculative_accept_q_equal_p_always_accepts():
+    rng = np.random.default_rng(2)
+    p = _random_rows(rng, 3, 5)
+    out = _check_block(p, p[:2].copy(), 3000, seed=3, label="q = p")
+    assert (out[:, -2] == 2).all()  # nothing to reject; the residual fallback is never used
+
+
+def test_speculative_accept_one_hot_q():
+    """Greedy drafts: q is one-hot, the draft is accepted with probability p(draft)."""
+    p = np.array([[0.1, 0.5, 0.2, 0.2, 0.0],
+                  [0.3, 0.3, 0.0, 0.2, 0.2],
+                  [0.25, 0.25, 0.25, 0.25, 0.0]], dtype=np.float32)
+    q = np.zeros((2, 5), dtype=np.float32)
+    q[0, 1] = q[1, 3] = 1.0
+    out = _check_block(p, q, 3000, seed=4, label="one-hot q")
+    assert 0.4 < np.mean(out[:, -2] >= 1) < 0.6
+
+
+def test_speculative_accept_draft_support_outside_target():
+    """q puts mass where p has none (never accepted) and misses tokens p has."""
+    p = np.array([[0.0, 0.0, 0.5, 0.3, 0.2, 0.0],
+                  [0.4, 0.0, 0.0, 0.0, 0.3, 0.3]], dtype=np.float32)
+    q = np.array([[0.5, 0.3, 0.2, 0.0, 0.0, 0.0]], dtype=np.float32)
+    out = _check_block(p, q, 3000, seed=5, label="disjoint supports")
+    accepted_tokens = out[out[:, -2] >= 1, 0]
+    assert set(accepted_tokens.tolist()) <= {2}
+
+
+@pytest.mark.parametrize("temp,top_p,top_k", [(1.0, 0.8, 0), (0.7, 1.0, 4), (1.3, 0.9, 5)])
+def test_speculative_accept_with_filtered_distributions(temp, top_p, top_k):
+    """p and q from `probabilities` with the same top-p / top-k (as the decoding loop does):
+    committed tokens follow the filtered target distribution and never leave its support."""
+    rng = np.random.default_rng(int(10 * temp) + top_k)
+    target_logits = mx.array((1.5 * rng.standard_normal((3, 10))).astype(np.float32))
+    draft_logits = target_logits[:2] + mx.array((1.0 * rng.standard_normal((2, 10))).astype(np.float32))
+    p = np.array(probabilities(target_logits, temp, top_p, top_k))
+    q = np.array(probabilities(draft_logits, temp, top_p, top_k))
+    assert (p == 0).any()  # the filters did cut something
+    # The exact reference is mlx-lm's filtered distribution, not ours.
+    ref = np.array(mx.softmax(_mlx_lm_logprobs(log_softmax(target_logits), top_p, top_k) / temp, axis=-1))
+    np.testing.assert_allclose(p, ref, atol=1e-6)
+    _check_block(ref, q, 3000, seed=6, label=f"filtered T={temp} top_p={top_p} top_k={top_k}")
+
+
+# ---------------------------------------------------------------------------
+# End to end on the real default target
+# ---------------------------------------------------------------------------
+
+PROMPT = "Write a short poem about a dragon."
+# Each sample costs two target forwards (the last prompt token again, then the verify of
+# [t1, draft]): about 0.1-0.2 s on this CPU, hence these counts.
+RANDOM_SAMPLES = 120
+ORACLE_SAMPLES = 160
+
+
+def _drafter_config(block_size: int) -> DrafterConfig:
+    return DrafterConfig(hidden_size=576, num_hidden_layers=1, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64, intermediate_size=256,
+                         vocab_size=49152, num_target_layers=30, target_layer_ids=[29],
+                         mask_token_id=4, block_size=block_size, rope_theta=100_000.0)
+
+
+class OracleDrafter(Drafter):
+    """Proposes from the target's own next-token distribution, scaled by `alpha`: for
+    block position 1 it returns alpha * the target's final hidden state after
+    [prompt, block token 0], so draft logits are alpha * the target's logits. Valid for the
+    first cycle after the prompt, which is all a two-token generation uses."""
+
+    def __init__(self, model, prompt: list[int], alpha: float, block_size: int):
+        super().__init__(_drafter_config(block_size))
+        self.model, self.prompt, self.alpha = model, prompt, alpha
+        self.target_cache = make_target_cache(model)
+        model.model(mx.array(prompt)[None], self.target_cache)
+        self.memo: dict[bytes, mx.array] = {}
+
+    def __call__(self, block_embeddings: mx.array, cache) -> mx.array:
+        assert cache[0].offset == len(self.prompt), "oracle drafter used past the first cycle"
+        first = block_embeddings[:, :1]
+        key = np.array(first).tobytes()
+        if key not in self.memo:
+            hidden = self.model.model(None, self.target_cache, input_embeddings=first)
+            trim_prompt_cache(self.target_cache, 1)
+            mx.eval(hidden)
+            self.memo[key] = hidden
+        return mx.broadcast_to(self.alpha * self.memo[key], block_embeddings.shape)
+
+
+@pytest.fixture(scope="module")
+def sampling_setup(default_model):
+    model, tokenizer = default_model
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    cache = make_target_cache(model)
+    first_logits = model(mx.array(prompt)[None], cache)[0, -1]
+    mx.eval(first_logits)
+    return model, tokenizer, prompt, cache, first_logits
+
+
+class PlainDistribution:
+    """Exact probabilities of plain sampling (mlx-lm's filters, then the temperature) of
+    the first two tokens: p(t1) from the prompt, p(t2 | t1) by one forward per t1."""
+
+    def __init__(self, setup, temp: float, top_p: float = 1.0, top_k: int = 0):
+        self.model, _, self.prompt, self.cache, first_logits = setup
+        self.temp, self.top_p, self.top_k = temp, top_p, top_k
+        self.first = self.probs(first_logits)
+        self._second: dict[int, np.ndarray] = {}
+        self._logits: dict[int, mx.array] = {}
+
+    def probs(self, logits: mx.array, scale: float = 1.0) -> np.ndarray:
+        logprobs = _mlx_lm_logprobs(log_softmax(scale * logits), self.top_p, self.top_k)
+        return np.array(mx.softmax(logprobs * (1.0 / self.temp), axis=-1))
+
+    def logits_after(self, t1: int) -> mx.array:
+        if t1 not in self._logits:
+            logits = self.model(mx.array([[t1]]), self.cache)[0, -1]
+            trim_prompt_cache(self.cache, 1)
+            mx.eval(logits)
+            self._logits[t1] = logits
+        return self._logits[t1]
+
+    def second(self, t1: int) -> np.ndarray:
+        if t1 not in self._second:
+            self._second[t1] = self.probs(self.logits_after(t1))
+        return self._second[t1]
+
+    def joint_cells(self, n: int) -> dict:
+        """(t1, t2) and (t1, None = any other t2) cells, for every t1 likely enough."""
+        cells = {}
+        for t1 in np.flatnonzero(self.first * n >= MIN_EXPECTED):
+            p1 = float(self.first[t1])
+            second = self.second(int(t1))
+            named = 0.0
+            for t2 in np.flatnonzero(p1 * second * n >= MIN_EXPECTED):
+                cells[(int(t1), int(t2))] = p1 * float(second[t2])
+                named += float(second[t2])
+            cells[(int(t1), None)] = p1 * max(0.0, 1.0 - named)
+        return cells
+
+    def impossible(self, pair) -> bool:
+        t1, t2 = pair
+        return self.first[t1] == 0 or self.second(t1)[t2] == 0
+
+
+def _sample_pairs(setup, drafter, n: int, seed: int, **sampling) -> tuple[list, list]:
+    """n two-token generations through our stream_generate; returns the (t1, t2) pairs and
+    whether t2 was an accepted draft. A PromptCache keeps the prompt prefilled."""
+    model, tokenizer, prompt, _, _ = setup
+    cache = make_prompt_cache(model, drafter)
+    mx.random.seed(seed)
+    pairs, from_draft = [], []
+    for _ in range(n):
+        r = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=2, prompt_cache=cache,
+                                 **sampling))
+        assert len(r) == 2 or r[0].token in tokenizer.eos_token_ids
+        pairs.append((r[0].token, r[1].token if len(r) == 2 else None))
+        from_draft.append(len(r) == 2 and r[1].from_draft)
+    assert all(t2 is not None for _, t2 in pairs)
+    return pairs, from_draft
+
+
+def _wrap_rest(pairs, cells):
+    """Map a sample to its cell key: (t1, t2) if named, else (t1, None) if that row has a
+    cell, else itself (the pooled rest)."""
+    return [p if p in cells else ((p[0], None) if (p[0], None) in cells else p) for p in pairs]
+
+
+def test_first_two_tokens_random_drafter(sampling_setup):
+    """A random drafter: its drafts are almost always rejected, so t2 comes from the
+    residual max(p - q, 0), which must still give exactly p(t2 | t1)."""
+    mx.random.seed(0)
+    drafter = Drafter(_drafter_config(block_size=2))
+    mx.eval(drafter.parameters())
+    pairs, from_draft = _sample_pairs(sampling_setup, drafter, RANDOM_SAMPLES, seed=11, temp=1.0)
+    plain = PlainDistribution(sampling_setup, temp=1.0)
+    cells = plain.joint_cells(RANDOM_SAMPLES)
+    assert_fits(_wrap_rest(pairs, cells), cells, "random drafter, T=1")
+    assert sum(from_draft) <= 0.05 * RANDOM_SAMPLES
+
+
+def test_first_two_tokens_oracle_drafter_with_filters(sampling_setup):
+    """A good drafter (q = the target's distribution at half the temperature: confident,
+    as trained drafters are), with top-p and top-k on both p and q: most drafts are
+    accepted, some rejected.
+    1. Lossless: the joint law of (t1, t2) is plain sampling's.
+    2. The algorithm (DFLASH.md section 3, step 5): t2 is an accepted draft with
+       probability min(p, q)(t2), and a resample after a rejection with probability
+       max(p - q, 0)(t2); tokens where q >= p are never the outcome of a rejection."""
+    model, _, prompt, _, _ = sampling_setup
+    sampling = dict(temp=1.0, top_p=0.95, top_k=20)
+    alpha = 2.0  # draft logits = 2 x target logits (a power of two: exact in float32)
+    n = ORACLE_SAMPLES
+    drafter = OracleDrafter(model, prompt, alpha, block_size=2)
+    pairs, from_draft = _sample_pairs(sampling_setup, drafter, n, seed=12, **sampling)
+    plain = PlainDistribution(sampling_setup, **sampling)
+
+    bad = sorted({pair for pair in pairs if plain.impossible(pair)})
+    assert not bad, f"pairs outside the top-p / top-k support were sampled: {bad[:5]}"
+    cells = plain.joint_cells(n)
+    assert_fits(_wrap_rest(pairs, cells), cells, "oracle drafter, T=1, top-p 0.95, top-k 20")
+
+    def p_and_q(t1: int) -> tuple[np.ndarray, np.ndarray]:
+        # q with mlx-lm's filters on alpha * the target's logits
+        return plain.second(t1), plain.probs(plain.logits_after(t1), scale=alpha)
+
+    triples = [(t1, accepted, t2) for (t1, t2), accepted in zip(pairs, from_draft)]
+    never = []
+    for t1, accepted, t2 in set(triples):
+        p, q = p_and_q(t1)
+        if not accepted and p[t2] < q[t2] - 1e-5:
+            never.append((t1, t2))
+    assert not never, f"rejections resampled tokens whose p < q: {never[:5]}"
+
+    path_cells = {}
+    for t1 in np.flatnonzero(plain.first * n >= MIN_EXPECTED):
+        p1 = float(plain.first[t1])
+        p, q = p_and_q(int(t1))
+        for accepted, law in ((True, np.minimum(p, q)), (False, np.maximum(p - q, 0))):
+            named = 0.0
+            for t2 in np.flatnonzero(p1 * law * n >= MIN_EXPECTED):
+                path_cells[(int(t1), accepted, int(t2))] = p1 * float(law[t2])
+                named += float(law[t2])
+            path_cells[(int(t1), accepted, None)] = p1 * max(0.0, float(law.sum()) - named)
+    wrapped = [t if t in path_cells else (t[0], t[1], None) if (t[0], t[1], None) in path_cells else t
+               for t in triples]
+    assert_fits(wrapped, path_cells, "oracle drafter: (t1, accepted?, t2)")
+
+    # The acceptance count alone: given t1, the draft passes with probability sum(min(p, q)).
+    rates = np.array([float(np.minimum(*p_and_q(t1)).sum()) for t1, _ in pairs])
+    z = (sum(from_draft) - rates.sum()) / math.sqrt((rates * (1 - rates)).sum())
+    assert abs(z) < 3.29, f"acceptance count {sum(from_draft)} vs expected {rates.sum():.1f}: z = {z:.2f}"
+    assert 0.3 * n < sum(from_draft) < 0.97 * n  # both paths were exercised
