@@ -21,7 +21,7 @@ def filter_logprobs(logprobs: mx.array, top_p: float = 1.0, top_k: int = 0) -> m
         threshold = mx.take_along_axis(ranked, kept - 1, axis=-1)
         logprobs = mx.where(logprobs < threshold, -mx.inf, logprobs)
     if 0 < top_k < logprobs.shape[-1]:
-        kth = mx.sort(logprobs, axis=-1)[..., -top_k : -top_k + 1]
+        kth = mx.sort(logprobs, axis=-1)[..., -top_k, None]  # the k-th largest (top_k = 1 too)
         logprobs = mx.where(logprobs < kth, -mx.inf, logprobs)
     return logprobs
 
