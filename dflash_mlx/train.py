@@ -305,6 +305,7 @@ class TrainArgs:
     min_lr_ratio: float = 0.1
     warmup: float = 0.04
     weight_decay: float = 0.01
+    adam_beta2: float = 0.95       # 0.999 lets the huge first gradients freeze later steps
     grad_clip: float = 1.0
     loss_vocab: str = "full"       # "full" or "data" (tokens seen in the data only)
     checkpoint_every: int = 200    # steps
@@ -314,6 +315,7 @@ class TrainArgs:
     log_every: int = 10
     progress: bool = True
     cache_features: bool = True
+    fc_init: str = "rms"           # "rms": scale fc's input columns by 1 / RMS of each feature
 
 
 def _save_checkpoint(out: Path, drafter: Drafter, optimizer: optim.Optimizer, state: dict) -> None:
@@ -383,7 +385,7 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
         drafter = Drafter(cfg)
         mx.random.seed(args.seed)
         mx.eval(drafter.parameters())
-    optimizer = optim.AdamW(learning_rate=args.lr, weight_decay=args.weight_decay)
+    optimizer = optim.AdamW(learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay)
     if args.resume and (out / "checkpoint" / "optimizer.npz").is_file():
         optimizer.init(drafter.trainable_parameters())
         opt_state = tree_unflatten(list(mx.load(str(out / "checkpoint" / "optimizer.npz")).items()))
@@ -425,6 +427,25 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
             for i in missing:
                 feature_cache.pop(i, None)
         return _stack(rows, L)
+
+    fresh = not (args.resume and (out / "checkpoint" / "state.json").is_file())
+    if fresh and args.fc_init == "rms":
+        # Data-dependent init: a few feature dims carry huge, nearly constant values (and
+        # position 0 is an attention sink), which would swamp fc + hidden_norm at the start.
+        # Scaling each input column by 1 / that feature's RMS (positions >= 1, same data on
+        # every rank) lets the context vectors differ from token to token from step one.
+        probe_idx = list(range(min(8, len(seqs))))
+        f = features_for(probe_idx, max(len(seqs[i][0]) for i in probe_idx))
+        rows = np.concatenate([np.array(f[r, 1: len(seqs[i][0])]) for r, i in enumerate(probe_idx)])
+        rms = np.sqrt((rows.astype(np.float64) ** 2).mean(axis=0)) + 1e-3
+        scale = rms / rms.mean()
+        # ... and project out the features' common (mean) direction, which would otherwise
+        # make every context vector, and so every attention output, nearly the same.
+        u = (rows / scale).mean(axis=0)
+        u = u / max(np.linalg.norm(u), 1e-9)
+        w = np.array(drafter.fc.weight, dtype=np.float64) / scale[None]
+        drafter.fc.weight = mx.array((w - np.outer(w @ u, u)).astype(np.float32))
+        mx.eval(drafter.parameters())
 
     log_file = None
     if rank == 0:

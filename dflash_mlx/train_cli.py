@@ -59,6 +59,7 @@ def train_command(
     lr: float = typer.Option(6e-4, "--lr"),
     warmup: float = typer.Option(0.04, "--warmup", help="Warmup fraction of the steps."),
     weight_decay: float = typer.Option(0.01, "--weight-decay"),
+    adam_beta2: float = typer.Option(0.95, "--adam-beta2", help="AdamW beta2 (0.95: short runs escape the unigram plateau)."),
     grad_clip: float = typer.Option(1.0, "--grad-clip"),
     loss_vocab: str = typer.Option("full", "--loss-vocab",
                                    help="'full' vocabulary, or 'data': only tokens that occur in the data (cheaper)."),
@@ -78,7 +79,7 @@ def train_command(
                      target_layer_ids=_ids(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
                      intermediate_size=intermediate_size, gamma=gamma, batch_size=batch_size,
                      num_anchors=num_anchors, max_len=max_len, epochs=epochs, max_steps=max_steps,
-                     time_limit=time_limit, lr=lr, warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
+                     time_limit=time_limit, lr=lr, warmup=warmup, weight_decay=weight_decay, adam_beta2=adam_beta2, grad_clip=grad_clip,
                      loss_vocab=loss_vocab, checkpoint_every=checkpoint_every,
                      checkpoint_minutes=checkpoint_minutes, seed=seed, resume=resume, progress=not no_progress)
     result = train(args, log=lambda s: typer.echo(s))
