@@ -307,7 +307,8 @@ class TrainArgs:
     weight_decay: float = 0.01
     adam_beta2: float = 0.95       # 0.999 lets the huge first gradients freeze later steps
     grad_clip: float = 1.0
-    loss_vocab: str = "full"       # "full" or "data" (tokens seen in the data only)
+    loss_vocab: str = "full"       # "full", or "data": the data's tokens + sampled negatives
+    negatives: int = 4096          # with loss_vocab "data": other tokens drawn afresh each step
     checkpoint_every: int = 200    # steps
     checkpoint_minutes: float = 5.0
     seed: int = 0
@@ -405,8 +406,23 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
             + (f"; loss vocab {vocab_box[0].shape[0]} tokens" if head is not None else "")
             + (f"; {world} ranks" if world > 1 else ""))
 
+    vocab_rng = np.random.default_rng(args.seed + 7 + rank)
+
+    def step_vocab() -> Optional[mx.array]:
+        """The data's tokens plus `negatives` others drawn afresh every step: tokens that
+        never occur in the data still get pushed down, or the full-vocabulary argmax at
+        inference would pick them."""
+        base = vocab_box[0]
+        if base is None or args.negatives <= 0:
+            return base
+        n_vocab = cfg.vocab_size
+        extra = vocab_rng.choice(n_vocab, size=min(n_vocab, args.negatives + base.shape[0]), replace=False)
+        return mx.array(np.union1d(np.array(base), extra).astype(np.int32))
+
+    step_vocab_box = [None]
+
     def step_loss(d, batch):
-        return loss_fn(d, target, batch, weights, vocab_box[0], head)
+        return loss_fn(d, target, batch, weights, step_vocab_box[0], head)
 
     value_and_grad = nn.value_and_grad(drafter, step_loss)
     feature_cache: dict[int, np.ndarray] = {}
@@ -509,6 +525,7 @@ def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
                 continue
             L = batch.tokens.shape[1]
             batch.features = features_for(idx_kept(idx, seqs, batch), L)
+            step_vocab_box[0] = step_vocab()
             (loss, (pc, pn, correct)), grads = value_and_grad(drafter, batch)
             if world > 1:
                 grads = nn.average_gradients(grads)

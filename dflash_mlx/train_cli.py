@@ -62,7 +62,8 @@ def train_command(
     adam_beta2: float = typer.Option(0.95, "--adam-beta2", help="AdamW beta2 (0.95: short runs escape the unigram plateau)."),
     grad_clip: float = typer.Option(1.0, "--grad-clip"),
     loss_vocab: str = typer.Option("full", "--loss-vocab",
-                                   help="'full' vocabulary, or 'data': only tokens that occur in the data (cheaper)."),
+                                   help="'full' vocabulary, or 'data': the data's tokens plus --negatives sampled others each step (cheaper)."),
+    negatives: int = typer.Option(4096, "--negatives", help="With --loss-vocab data: other tokens sampled each step."),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints."),
     checkpoint_minutes: float = typer.Option(5.0, "--checkpoint-minutes", help="Also checkpoint after this many minutes."),
     seed: int = typer.Option(0, "--seed"),
@@ -80,7 +81,7 @@ def train_command(
                      intermediate_size=intermediate_size, gamma=gamma, batch_size=batch_size,
                      num_anchors=num_anchors, max_len=max_len, epochs=epochs, max_steps=max_steps,
                      time_limit=time_limit, lr=lr, warmup=warmup, weight_decay=weight_decay, adam_beta2=adam_beta2, grad_clip=grad_clip,
-                     loss_vocab=loss_vocab, checkpoint_every=checkpoint_every,
+                     loss_vocab=loss_vocab, negatives=negatives, checkpoint_every=checkpoint_every,
                      checkpoint_minutes=checkpoint_minutes, seed=seed, resume=resume, progress=not no_progress)
     result = train(args, log=lambda s: typer.echo(s))
     typer.echo(f"trained {result['step']} steps in {result['elapsed']:.0f}s -> {out}")

@@ -237,3 +237,32 @@ def test_checkpoint_and_resume(tmp_path, monkeypatch):
     assert second["step"] == 5
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["step"] == 5 and state["seen"] == 10
+
+
+def test_data_vocabulary_loss_with_sampled_negatives(tmp_path, monkeypatch):
+    """--loss-vocab data: logits over the data's tokens plus sampled others; labels map into it."""
+    import dflash_mlx.loading as loading
+    from dflash_mlx.train import TrainArgs, train
+
+    model = tiny_target(vocab=48)
+
+    class Tok:
+        eos_token_id = 47
+        eos_token_ids = {47}
+        all_special_ids = [46, 47]
+        chat_template = None
+
+        def convert_ids_to_tokens(self, i):
+            return f"<{i}>"
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as fh:
+        for i in range(8):
+            fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": rng.integers(0, 20, 5).tolist(),
+                                 "completion_ids": rng.integers(0, 20, 20).tolist()}) + "\n")
+    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, Tok()))
+    result = train(TrainArgs(data=str(data), out=str(tmp_path / "d"), num_layers=1, target_layer_ids=[1, 3],
+                             block_size=4, batch_size=2, num_anchors=4, progress=False, max_steps=4, log_every=1,
+                             loss_vocab="data", negatives=8), log=lambda s: None)
+    assert result["step"] == 4 and all(np.isfinite(h["loss"]) for h in result["history"])
