@@ -266,3 +266,26 @@ def test_data_vocabulary_loss_with_sampled_negatives(tmp_path, monkeypatch):
                              block_size=4, batch_size=2, num_anchors=4, progress=False, max_steps=4, log_every=1,
                              loss_vocab="data", negatives=8), log=lambda s: None)
     assert result["step"] == 4 and all(np.isfinite(h["loss"]) for h in result["history"])
+
+
+def test_shipped_drafter_round_trips_through_export(tmp_path):
+    """The trained demo drafter: load -> save -> load, and export (z-lab layout) -> load."""
+    from mlx.utils import tree_flatten
+
+    from dflash_mlx.loading import DEFAULT_DRAFT_DIR, load_draft
+
+    if not (DEFAULT_DRAFT_DIR / "model.safetensors").is_file():
+        pytest.skip("no shipped drafter")
+    export_drafter = pytest.importorskip("dflash_mlx.converters.convert").export_drafter
+    original = load_draft()
+    save_drafter(original, tmp_path / "saved")
+    out = export_drafter(str(DEFAULT_DRAFT_DIR), tmp_path / "zlab", dtype="float32", log=lambda s: None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["dflash_config"]["mask_token_id"] == 16
+    want = dict(tree_flatten(original.parameters()))
+    for other in (load_drafter_dir(tmp_path / "saved"), load_draft(str(out))):
+        assert other.config.target_layer_ids == original.config.target_layer_ids
+        assert other.config.block_size == original.config.block_size == 16
+        got = dict(tree_flatten(other.parameters()))
+        assert got.keys() == want.keys()
+        assert all(mx.array_equal(got[k], want[k]).item() for k in want)
