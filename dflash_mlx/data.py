@@ -25,6 +25,7 @@ import inspect
 import json
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -90,10 +91,12 @@ def stdlib_prompts(seed: int = 0) -> list[dict]:
         for attr in sorted(dir(mod)):
             if attr.startswith("_"):
                 continue
-            obj = getattr(mod, attr, None)
-            if not (inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj)):
-                continue
-            doc = inspect.getdoc(obj) or ""
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # deprecated aliases warn on access
+                obj = getattr(mod, attr, None)
+                if not (inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj)):
+                    continue
+                doc = inspect.getdoc(obj) or ""
             first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
             if len(first) < 20 or len(first) > 300:
                 continue
