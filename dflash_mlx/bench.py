@@ -85,10 +85,29 @@ def _zlab_method(model_dir: str, draft_dir: Path, block: int, max_tokens: int) -
     return run
 
 
+def _random_drafter(model, tokenizer, seed: int = 0) -> Path:
+    """A freshly initialised 2-layer drafter (saved, so z-lab's loader can read it too):
+    it accepts nothing, so its speed is the loop's pure overhead."""
+    import tempfile
+
+    import mlx.core as mx
+
+    from .drafter import Drafter, save_drafter
+    from .target import Target
+    from .train import default_mask_token_id, make_config
+
+    mx.random.seed(seed)
+    config = make_config(Target(model), num_layers=2, block_size=16, mask_token_id=default_mask_token_id(tokenizer))
+    path = Path(tempfile.mkdtemp(prefix="dflash-random-drafter-"))
+    save_drafter(Drafter(config), path)
+    return path
+
+
 def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None, prompts: Optional[list[str]] = None,
               max_tokens: int = 128, block_size: Optional[int] = None, reference: bool = True,
               progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Benchmark and return a JSON-able report with one row per method."""
+    """Benchmark and return a JSON-able report with one row per method. `draft_path`
+    "random" measures the loop's overhead with an untrained drafter."""
     import mlx_lm
 
     from . import load, load_draft, stream_generate
@@ -97,8 +116,10 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
 
     prompts = prompts or DEFAULT_PROMPTS
     model_dir = model_path or str(default_model_path())
-    draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     model, tokenizer = load(model_dir)
+    if draft_path == "random":
+        draft_path = str(_random_drafter(model, tokenizer))
+    draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     drafter = load_draft(draft_path, model=model)
     block = block_size or drafter.config.block_size
 

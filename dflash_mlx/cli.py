@@ -86,7 +86,7 @@ app.command("export")(friendly_errors(export_command))
 @friendly_errors
 def bench(
     model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead)."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="A text file (one prompt a line) or JSONL with a 'prompt' field."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
     block_size: Optional[int] = typer.Option(None, "--block-size"),
