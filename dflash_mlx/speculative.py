@@ -138,6 +138,7 @@ def generate_step(
     draft_model: Optional[Drafter] = None,
     *,
     block_size: Optional[int] = None,
+    max_tokens: Optional[int] = None,
     temp: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -147,7 +148,8 @@ def generate_step(
     profile: bool = False,
 ) -> Generator[tuple[list[int], int, list[mx.array]], None, None]:
     """Yield, per cycle, the committed tokens, how many of them are accepted drafts
-    (they come first), and the target's log-probabilities for each. Runs forever: the
+    (they come first), and the target's log-probabilities for each. With `max_tokens`,
+    blocks shrink near the end so nothing past it is verified. Runs forever: the
     caller stops. With `draft_model=None` the target decodes alone, one token a cycle."""
     _check_args(prompt, block_size, temp)
     block_size = (block_size or draft_model.config.block_size) if draft_model else 1
@@ -197,9 +199,11 @@ def generate_step(
             yield [token], 0, [log_softmax(logits)]
 
     mask_id = draft_model.config.mask_token_id
+    produced = 1
     while True:
         tic = time.perf_counter()
-        block = mx.array([[token] + [mask_id] * (block_size - 1)])
+        size = block_size if max_tokens is None else max(2, min(block_size, max_tokens - produced))
+        block = mx.array([[token] + [mask_id] * (size - 1)])
         draft_logits = draft_model.propose(block, cache.draft, target)
         if temp == 0:
             drafts = mx.argmax(draft_logits, axis=-1)
@@ -220,15 +224,16 @@ def generate_step(
             accepted, bonus = speculative_accept(drafts, draft_probs, distribution(logits))
         *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
         # Keep [token, accepted drafts] in the target cache; their features become context.
-        trim_prompt_cache(cache.target, block_size - accepted - 1)
+        trim_prompt_cache(cache.target, size - accepted - 1)
         cache.tokens += [token] + drafted[:accepted]
         draft_model.append_context(features[:, : accepted + 1], cache.draft)
         stats.verify_time += time.perf_counter() - tic  # includes drafting unless profiling
         stats.cycles += 1
         stats.accepted_lengths.append(accepted + 1)
-        stats.drafted_tokens += block_size - 1
+        stats.drafted_tokens += size - 1
         stats.accepted_drafted_tokens += accepted
         token = bonus
+        produced += accepted + 1
         logprobs = log_softmax(logits[: accepted + 1])
         yield drafted[:accepted] + [bonus], accepted, list(logprobs)
 
@@ -303,7 +308,8 @@ def stream_generate(
     stops = _StopStrings(stop)
     eos = tokenizer.eos_token_ids
     stats = GenerationStats()
-    steps = generate_step(tokens, model, draft_model, block_size=block_size, temp=temp, top_p=top_p,
+    steps = generate_step(tokens, model, draft_model, block_size=block_size, max_tokens=max_tokens,
+                          temp=temp, top_p=top_p,
                           top_k=top_k, prompt_cache=prompt_cache, stats=stats, profile=profile,
                           prompt_progress_callback=prompt_progress_callback)
     n = 0
