@@ -13,24 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-import dflash_mlx
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-
-def _default_drafter_missing() -> str | None:
-    if not hasattr(dflash_mlx, "load"):
-        return "dflash_mlx.load is not available yet"
-    if os.environ.get("DFLASH_CHAT_DRAFT"):
-        return None
-    from dflash_mlx import loading
-
-    draft_dir = getattr(loading, "DEFAULT_DRAFT_DIR", None)
-    if draft_dir is not None and not Path(draft_dir).is_dir():
-        return f"the default drafter is not shipped yet ({draft_dir})"
-    return None
 
 
 async def _chat(prompt: str, screenshot: str | None) -> tuple:
@@ -64,9 +49,6 @@ async def _chat(prompt: str, screenshot: str | None) -> tuple:
 
 
 def test_real_default_model_chat():
-    reason = _default_drafter_missing()
-    if reason:
-        pytest.skip(reason)
     reply, stats, summary, last = asyncio.run(
         _chat("What is the capital of France?", os.environ.get("DFLASH_CHAT_SCREENSHOT"))
     )
