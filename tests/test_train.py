@@ -132,6 +132,32 @@ def test_loss_weights():
     np.testing.assert_allclose(w8[2] / w8[1], math.exp(-1 / 4), rtol=1e-6)
 
 
+class TinyTok:
+    """What training asks of a tokenizer, for the tiny target's 48-token vocabulary."""
+
+    eos_token_id = 47
+    eos_token_ids = {47}
+    all_special_ids = [46, 47]
+    chat_template = None
+
+    def convert_ids_to_tokens(self, i):
+        return f"<{i}>"
+
+
+def random_training_data(tmp_path, monkeypatch, model, max_token: int):
+    """Eight random prompt/answer sequences on disk, and `load()` returning the tiny target."""
+    import dflash_mlx.loading as loading
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as fh:
+        for i in range(8):
+            fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": rng.integers(0, max_token, 5).tolist(),
+                                 "completion_ids": rng.integers(0, max_token, 20).tolist()}) + "\n")
+    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, TinyTok()))
+    return data
+
+
 def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
     """A tiny target writes a predictable language; training lowers the loss and lifts
     the real speculative tau above the random drafter's."""
@@ -141,15 +167,6 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
     from dflash_mlx.train import TrainArgs, train
 
     model = tiny_target(vocab=48, layers=4, hidden=32)
-
-    class Tok:
-        eos_token_id = 47
-        eos_token_ids = {47}
-        all_special_ids = [46, 47]
-        chat_template = None
-
-        def convert_ids_to_tokens(self, i):
-            return f"<{i}>"
 
     # Self-distillation data: the tiny target's own greedy continuations.
     from mlx_lm.generate import generate_step
@@ -164,7 +181,7 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
                 out.append(int(tok))
             prompts.append(prompt)
             fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": prompt, "completion_ids": out}) + "\n")
-    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, Tok()))
+    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, TinyTok()))
 
     out = tmp_path / "drafter"
     args = TrainArgs(data=str(data), out=str(out), num_layers=1, target_layer_ids=[1, 3], block_size=8,
@@ -204,27 +221,10 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
 
 
 def test_checkpoint_and_resume(tmp_path, monkeypatch):
-    import dflash_mlx.loading as loading
     from dflash_mlx.train import TrainArgs, train
 
     model = tiny_target(vocab=48)
-
-    class Tok:
-        eos_token_id = 47
-        eos_token_ids = {47}
-        all_special_ids = [46, 47]
-        chat_template = None
-
-        def convert_ids_to_tokens(self, i):
-            return f"<{i}>"
-
-    rng = np.random.default_rng(0)
-    data = tmp_path / "train.jsonl"
-    with open(data, "w") as fh:
-        for i in range(8):
-            fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": rng.integers(0, 40, 5).tolist(),
-                                 "completion_ids": rng.integers(0, 40, 20).tolist()}) + "\n")
-    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, Tok()))
+    data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
     out = tmp_path / "d"
     common = dict(data=str(data), out=str(out), num_layers=1, target_layer_ids=[1, 3], block_size=4,
                   batch_size=2, num_anchors=4, progress=False, checkpoint_every=1)
@@ -241,27 +241,10 @@ def test_checkpoint_and_resume(tmp_path, monkeypatch):
 
 def test_data_vocabulary_loss_with_sampled_negatives(tmp_path, monkeypatch):
     """--loss-vocab data: logits over the data's tokens plus sampled others; labels map into it."""
-    import dflash_mlx.loading as loading
     from dflash_mlx.train import TrainArgs, train
 
     model = tiny_target(vocab=48)
-
-    class Tok:
-        eos_token_id = 47
-        eos_token_ids = {47}
-        all_special_ids = [46, 47]
-        chat_template = None
-
-        def convert_ids_to_tokens(self, i):
-            return f"<{i}>"
-
-    rng = np.random.default_rng(0)
-    data = tmp_path / "train.jsonl"
-    with open(data, "w") as fh:
-        for i in range(8):
-            fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": rng.integers(0, 20, 5).tolist(),
-                                 "completion_ids": rng.integers(0, 20, 20).tolist()}) + "\n")
-    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, Tok()))
+    data = random_training_data(tmp_path, monkeypatch, model, max_token=20)
     result = train(TrainArgs(data=str(data), out=str(tmp_path / "d"), num_layers=1, target_layer_ids=[1, 3],
                              block_size=4, batch_size=2, num_anchors=4, progress=False, max_steps=4, log_every=1,
                              loss_vocab="data", negatives=8), log=lambda s: None)
