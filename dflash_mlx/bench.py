@@ -1,8 +1,9 @@
 """Side-by-side benchmark: plain mlx-lm vs DFlash (ours) vs z-lab's MLX loop, in one run.
 
 Every method decodes the same chat prompts greedily; tokens/s counts the tokens after
-the first (prefill excluded, as mlx-lm reports it). Methods run interleaved per prompt
-so that machine noise hits them alike, and their outputs are compared token for token.
+the first (prefill excluded, as mlx-lm reports it). Methods run interleaved per prompt,
+in a rotating order, so that machine noise hits them alike; their outputs are compared
+token for token.
 """
 
 from __future__ import annotations
@@ -146,7 +147,9 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
         run(chat("Hi"))
     for i, text in enumerate(prompts):
         prompt = chat(text)
-        for name, run in methods.items():  # interleaved, so noise hits all methods alike
+        order = list(methods.items())
+        order = order[i % len(order):] + order[: i % len(order)]  # who goes first rotates
+        for name, run in order:  # interleaved, so noise hits all methods alike
             if progress:
                 progress(f"prompt {i + 1}/{len(prompts)}: {name}")
             chunks, seconds, cycles, committed = run(prompt)
