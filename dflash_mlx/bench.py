@@ -9,6 +9,7 @@ token for token.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,11 +87,9 @@ def _zlab_method(model_dir: str, draft_dir: Path, block: int, max_tokens: int) -
     return run
 
 
-def _random_drafter(model, tokenizer, seed: int = 0) -> Path:
-    """A freshly initialised 2-layer drafter (saved, so z-lab's loader can read it too):
-    it accepts nothing, so its speed is the loop's pure overhead."""
-    import tempfile
-
+def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
+    """A freshly initialised 2-layer drafter, saved to `path` so z-lab's loader can read it
+    too: it accepts nothing, so its speed is the loop's pure overhead."""
     import mlx.core as mx
 
     from .drafter import Drafter, save_drafter
@@ -99,7 +98,6 @@ def _random_drafter(model, tokenizer, seed: int = 0) -> Path:
 
     mx.random.seed(seed)
     config = make_config(Target(model), num_layers=2, block_size=16, mask_token_id=default_mask_token_id(tokenizer))
-    path = Path(tempfile.mkdtemp(prefix="dflash-random-drafter-"))
     save_drafter(Drafter(config), path)
     return path
 
@@ -119,7 +117,9 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
     model_dir = model_path or str(default_model_path())
     model, tokenizer = load(model_dir)
     if draft_path == "random":
-        draft_path = str(_random_drafter(model, tokenizer))
+        with tempfile.TemporaryDirectory(prefix="dflash-random-drafter-") as tmp:
+            return run_bench(model_dir, str(_random_drafter(model, tokenizer, Path(tmp))), prompts,
+                             max_tokens, block_size, reference, progress)
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     drafter = load_draft(draft_path, model=model)
     block = block_size or drafter.config.block_size

@@ -1,0 +1,32 @@
+"""`dflash bench`: one run, three methods side by side, outputs compared token for token."""
+
+import json
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+from typer.testing import CliRunner
+
+from dflash_mlx.bench import markdown_table, run_bench
+from dflash_mlx.cli import app
+
+
+def test_bench_random_drafter_against_mlx_lm_and_zlab(default_model_dir):
+    report = run_bench(str(default_model_dir), "random", ["Name a colour."], max_tokens=12)
+    rows = {r["method"]: r for r in report["results"]}
+    assert list(rows) == ["mlx-lm", "dflash-mlx (ours)", "z-lab MLX (reference)"]
+    assert all(r["same_tokens_as_mlx_lm"] for r in rows.values())
+    assert rows["dflash-mlx (ours)"]["tau"] == 1.0  # an untrained drafter accepts nothing
+    assert rows["mlx-lm"]["speedup"] == 1.0 and rows["mlx-lm"]["tokens"] > 0
+    table = markdown_table(report)
+    assert table.count("\n| ") == 4 and "z-lab MLX (reference)" in table
+
+
+def test_bench_cli_writes_json(default_model_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Say hi.\n")
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(app, ["bench", "--model", str(default_model_dir), "--draft", "random",
+                                      "--prompts", str(prompts), "-m", "6", "--no-reference", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [r["method"] for r in report["results"]] == ["mlx-lm", "dflash-mlx (ours)"]
+    assert "| dflash-mlx (ours) |" in result.output
