@@ -20,31 +20,15 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
-from mlx_lm.models import llama
-
 import dflash_mlx.loading as loading
 from dflash_mlx.train import TrainArgs, train
-
-
-class _Tok:
-    eos_token_id = 47
-    eos_token_ids = {47}
-    all_special_ids = [46, 47]
-    chat_template = None
-
-    def convert_ids_to_tokens(self, i):
-        return f"<{i}>"
+from test_train import TinyTok, tiny_target  # this script's folder, tests/, is on sys.path
 
 
 def main(out_dir: str) -> None:
     group = mx.distributed.init()
     out = Path(out_dir)
-    mx.random.seed(0)  # the same target on every rank
-    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=4, intermediate_size=64,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=48,
-                           head_dim=8, rope_theta=10000.0, tie_word_embeddings=True)
-    model = llama.Model(args)
-    mx.eval(model.parameters())
+    model = tiny_target(vocab=48, seed=0)  # the same target on every rank
     data = out / f"train-rank{group.rank()}.jsonl"
     rng = np.random.default_rng(0)
     with open(data, "w") as fh:
@@ -52,7 +36,7 @@ def main(out_dir: str) -> None:
             prompt = rng.integers(0, 40, size=6).tolist()
             answer = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=32)]
             fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": prompt, "completion_ids": answer}) + "\n")
-    loading.load = lambda path=None, **kw: (model, _Tok())
+    loading.load = lambda path=None, **kw: (model, TinyTok())
     result = train(TrainArgs(data=str(data), out=str(out / "drafter"), num_layers=1, target_layer_ids=[1, 3],
                              block_size=8, batch_size=4, num_anchors=8, epochs=2, lr=3e-3, progress=False,
                              log_every=1, checkpoint_every=1000, seed=0),
