@@ -144,6 +144,16 @@ def _check_quant(q_bits: int, q_group_size: int) -> None:
                          f"got {q_group_size}")
 
 
+def _check_request(source: str, out: Path, force: bool, dtype: Optional[str], quantize: bool = False,
+                   q_bits: int = 4, q_group_size: int = 64) -> None:
+    """The option and output checks every command makes before it reads anything."""
+    _check_dtype(dtype)
+    if quantize:
+        _check_quant(q_bits, q_group_size)
+    local = Path(source).expanduser()
+    check_output(out, force, [local] if local.exists() else [])
+
+
 def _read_config(directory: Path) -> dict:
     from dflash_mlx.drafter import read_config
 
@@ -286,11 +296,7 @@ def convert_drafter(source: str, output_dir: str | Path, *, revision: Optional[s
     """Convert a z-lab-layout drafter (Hub repo id or directory) into an MLX drafter
     directory. See the module docstring; returns the output path."""
     out = Path(output_dir).expanduser()
-    _check_dtype(dtype)
-    if quantize:
-        _check_quant(q_bits, q_group_size)
-    local = Path(source).expanduser()
-    check_output(out, force, [local] if local.exists() else [])
+    _check_request(source, out, force, dtype, quantize, q_bits, q_group_size)
 
     from .hub import resolve_source
 
@@ -392,11 +398,7 @@ def convert_target_model(source: str, output_dir: str | Path, *, revision: Optio
                          q_group_size: int = 64, force: bool = False, log: Log = _stderr) -> Path:
     """Convert a target LLM with `mlx_lm.convert` (nothing re-implemented), written atomically."""
     out = Path(output_dir).expanduser()
-    _check_dtype(dtype)
-    if quantize:
-        _check_quant(q_bits, q_group_size)
-    local = Path(source).expanduser()
-    check_output(out, force, [local] if local.exists() else [])
+    _check_request(source, out, force, dtype, quantize, q_bits, q_group_size)
     import mlx_lm  # its public `mlx_lm.convert` function
 
     with atomic_output(out, force) as tmp:
@@ -423,9 +425,7 @@ def export_drafter(draft: str, output_dir: str | Path, *, dtype: str = "bfloat16
     ``architectures: ["DFlashDraftModel"]`` and ``model.safetensors`` in `dtype` with the
     same keys. Quantized weights are dequantized."""
     out = Path(output_dir).expanduser()
-    _check_dtype(dtype)
-    local = Path(draft).expanduser()
-    check_output(out, force, [local] if local.exists() else [])
+    _check_request(draft, out, force, dtype)
 
     from .hub import SAFETENSORS_PATTERNS, resolve_source
 
