@@ -7,6 +7,9 @@ same filters, which keeps rejection sampling exact for the filtered target distr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import mlx.core as mx
 
 
@@ -65,3 +68,41 @@ def speculative_accept(drafts: mx.array, draft_probs: mx.array, target_probs: mx
     # p == q leaves nothing to resample; such a row is never rejected, so any fallback is exact.
     residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), target_probs)
     return a, sample(residual)[a]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are picked: greedy at `temp == 0`, else sampled from the filtered,
+    tempered distribution. The one place the loop's greedy-or-sample decision is made."""
+
+    temp: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp == 0
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """The distribution sampling draws from (not used when greedy)."""
+        return probabilities(logits, self.temp, self.top_p, self.top_k)
+
+    def choose(self, logits: mx.array) -> mx.array:
+        """One token per row of logits."""
+        return mx.argmax(logits, axis=-1) if self.greedy else sample(self.probs(logits))
+
+    def draft(self, logits: mx.array) -> tuple[mx.array, Optional[mx.array]]:
+        """Draft tokens per row of draft logits, and the distribution they came from
+        (None when greedy: acceptance then only compares tokens)."""
+        if self.greedy:
+            return mx.argmax(logits, axis=-1), None
+        probs = self.probs(logits)
+        return sample(probs), probs
+
+    def accept(self, drafts: mx.array, draft_probs: Optional[mx.array], target_logits: mx.array
+               ) -> tuple[mx.array, mx.array]:
+        """(accepted draft count, the target's next token): greedy comparison, or
+        lossless rejection sampling when the drafts were sampled."""
+        if draft_probs is None:
+            return greedy_accept(drafts, target_logits)
+        return speculative_accept(drafts, draft_probs, self.probs(target_logits))

@@ -1,16 +1,21 @@
 """The DFlash decoding loop, layered like mlx-lm: `generate_step -> stream_generate -> generate`.
 
-One cycle: the drafter fills [last token, MASK x (B-1)] in one forward; the target
+One cycle: the drafter fills [last token, MASK x (b-1)] in one forward; the target
 verifies the whole block in one forward; the longest agreeing prefix is kept, plus one
 token of the target's own; the target cache is trimmed back to the committed length and
 the committed tokens' features become new drafter context. One host sync per cycle.
+
+The block size b is fixed (`block_size=N`) or chosen before every cycle by a
+`BlockSizePolicy` (`block_size=None`), from 1 (a plain target step, no drafter call;
+its features join the drafter's context lazily, before the next draft) up to the
+drafter's B.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Optional, Sequence, Union
+from typing import Callable, Generator, Iterable, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -18,20 +23,32 @@ from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .adaptive import BlockSizePolicy
 from .drafter import Drafter, check_fit
-from .sampling import greedy_accept, log_softmax, probabilities, sample, speculative_accept
+from .sampling import SamplingParams, log_softmax
 from .target import Target
 
 PREFILL_STEP = 2048
+
+
+def histogram(values: Iterable[int], size: int = 0) -> list[int]:
+    """counts[n - 1] = how many of `values` equal n, for n = 1 .. max(size, max(values))."""
+    values = list(values)
+    counts = [0] * max(size, max(values, default=0))
+    for n in values:
+        counts[n - 1] += 1
+    return counts
 
 
 @dataclass
 class GenerationStats:
     """Live statistics of one generation (updated in place as it runs)."""
 
-    block_size: int = 0
+    block_size: int = 0  # the fixed block size, or the largest an adaptive one may pick
+    adaptive: bool = False
     cycles: int = 0
     accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per cycle
+    block_sizes: list[int] = field(default_factory=list)  # tokens verified per cycle (1: a plain step)
     drafted_tokens: int = 0  # draft tokens proposed
     accepted_drafted_tokens: int = 0
     draft_time: float = 0.0  # seconds; split from verify_time only when profiling
@@ -49,14 +66,24 @@ class GenerationStats:
     @property
     def histogram(self) -> list[int]:
         """histogram[n - 1] = number of cycles that committed n tokens."""
-        counts = [0] * max(self.block_size, max(self.accepted_lengths, default=0))
-        for n in self.accepted_lengths:
-            counts[n - 1] += 1
-        return counts
+        return histogram(self.accepted_lengths, self.block_size)
+
+    @property
+    def size_histogram(self) -> list[int]:
+        """size_histogram[b - 1] = number of cycles that verified b tokens."""
+        return histogram(self.block_sizes, self.block_size)
 
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.generation_time if self.generation_time else 0.0
+
+    def record(self, size: int, accepted: int) -> None:
+        """Count one cycle that verified `size` tokens and accepted `accepted` drafts."""
+        self.cycles += 1
+        self.accepted_lengths.append(accepted + 1)
+        self.block_sizes.append(size)
+        self.drafted_tokens += size - 1
+        self.accepted_drafted_tokens += accepted
 
 
 @dataclass
@@ -82,7 +109,8 @@ class PromptCache:
 
     Pass the same object to successive `stream_generate` calls with the whole
     conversation as the prompt: only the part after the longest common prefix is
-    prefilled."""
+    prefilled. It also keeps the adaptive block-size policy, so that what it learned
+    about the drafter carries over from turn to turn."""
 
     def __init__(self, model: nn.Module, draft_model: Optional[Drafter] = None):
         self.target = make_target_cache(model)
@@ -91,15 +119,26 @@ class PromptCache:
         self.tokens: list[int] = []  # what the target cache holds
         self.drafter: Optional[Drafter] = None
         self.draft: Optional[list] = None
+        self.pending: list[mx.array] = []  # features (1, n, k * hidden) not yet in the drafter's context
+        self.policy: Optional[BlockSizePolicy] = None
         self.use_drafter(draft_model)
 
     def use_drafter(self, draft_model: Optional[Drafter]) -> None:
         if draft_model is not None and draft_model is not self.drafter:
             self.drafter, self.draft = draft_model, draft_model.make_cache()
+            self.pending, self.policy = [], None
 
     @property
     def draft_length(self) -> int:
-        return self.draft[0].offset if self.draft else 0
+        """Tokens the drafter has as context (in its cache or pending)."""
+        cached = self.draft[0].offset if self.draft else 0
+        return cached + sum(f.shape[1] for f in self.pending)
+
+    def flush(self) -> None:
+        """Move pending features into the drafter's context (lazily, one projection)."""
+        if self.pending:
+            self.drafter.append_context(mx.concatenate(self.pending, axis=1), self.draft)
+            self.pending = []
 
     def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
         """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
@@ -113,7 +152,8 @@ class PromptCache:
             keep = min(keep, self.draft_length)
         trim_prompt_cache(self.target, len(self.tokens) - keep)
         self.tokens = self.tokens[:keep]
-        if self.draft and self.draft_length > keep:
+        if self.draft_length > keep:
+            self.flush()
             trim_prompt_cache(self.draft, self.draft_length - keep)
         return keep
 
@@ -132,6 +172,66 @@ def _check_args(prompt: Sequence[int], block_size: Optional[int], temp: float) -
         raise ValueError(f"temp must be >= 0, got {temp}")
 
 
+class _Cycles:
+    """The two kinds of cycle, on the state one generation shares."""
+
+    def __init__(self, target: Target, draft_model: Optional[Drafter], cache: PromptCache,
+                 sampling: SamplingParams, stats: GenerationStats, profile: bool):
+        self.target, self.drafter, self.cache = target, draft_model, cache
+        self.sampling, self.stats, self.profile = sampling, stats, profile
+
+    def prefill(self, tokens: Sequence[int], start: int,
+                progress: Optional[Callable[[int, int], None]]) -> tuple[int, mx.array]:
+        """Prefill the target from `start`, feeding the captured features straight into
+        the drafter's context. Returns the first token and its logits."""
+        cache, drafter = self.cache, self.drafter
+        todo = list(tokens[start:])
+        for i in range(0, len(todo), PREFILL_STEP):
+            chunk = todo[i : i + PREFILL_STEP]
+            hidden, features = self.target.forward(mx.array(chunk)[None], cache.target, capture=drafter is not None)
+            if drafter is not None:
+                cache.flush()
+                drafter.append_context(features, cache.draft)
+            cache.tokens += chunk
+            mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
+            if progress:
+                progress(start + i + len(chunk), len(tokens))
+        logits = self.target.lm_head(hidden[:, -1])[0]
+        return self.sampling.choose(logits).item(), logits
+
+    def plain(self, token: int) -> tuple[list[int], int, list[mx.array]]:
+        """One target step. With a drafter, the token's features wait in the cache's
+        `pending` list: the next draft needs them, a run of plain steps does not."""
+        capture = self.drafter is not None
+        hidden, features = self.target.forward(mx.array([[token]]), self.cache.target, capture=capture)
+        self.cache.tokens.append(token)
+        if capture:
+            self.cache.pending.append(features)
+        logits = self.target.lm_head(hidden)[0, -1]
+        return [self.sampling.choose(logits).item()], 0, [log_softmax(logits)]
+
+    def speculate(self, token: int, size: int) -> tuple[list[int], int, list[mx.array]]:
+        """Draft `size - 1` tokens after `token`, verify them, keep the accepted prefix."""
+        cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
+        cache.flush()
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (size - 1)])
+        drafts, draft_probs = self.sampling.draft(drafter.propose(block, cache.draft, target))
+        if self.profile:
+            mx.eval(drafts)
+            self.stats.draft_time += time.perf_counter() - tic
+        else:
+            mx.async_eval(drafts)  # drafting runs while the verify graph is built
+        hidden, features = target.forward(mx.concatenate([block[0, :1], drafts])[None], cache.target)
+        logits = target.lm_head(hidden)[0]
+        accepted, bonus = self.sampling.accept(drafts, draft_probs, logits)
+        *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
+        # Keep [token, accepted drafts] in the target cache; their features become context.
+        trim_prompt_cache(cache.target, size - accepted - 1)
+        cache.tokens += [token] + drafted[:accepted]
+        drafter.append_context(features[:, : accepted + 1], cache.draft)
+        return drafted[:accepted] + [bonus], accepted, list(log_softmax(logits[: accepted + 1]))
+
+
 def generate_step(
     prompt: Sequence[int],
     model: nn.Module,
@@ -146,96 +246,56 @@ def generate_step(
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     stats: Optional[GenerationStats] = None,
     profile: bool = False,
+    policy: Optional[BlockSizePolicy] = None,
 ) -> Generator[tuple[list[int], int, list[mx.array]], None, None]:
     """Yield, per cycle, the committed tokens, how many of them are accepted drafts
-    (they come first), and the target's log-probabilities for each. With `max_tokens`,
-    blocks shrink near the end so nothing past it is verified. Runs forever: the
-    caller stops. With `draft_model=None` the target decodes alone, one token a cycle."""
+    (they come first), and the target's log-probabilities for each. Runs forever: the
+    caller stops. With `max_tokens`, blocks shrink near the end so nothing past it is
+    verified. With `draft_model=None` the target decodes alone, one token a cycle.
+
+    `block_size=None` adapts the block size every cycle with `policy` (by default the
+    prompt cache's, which persists across calls that share the cache)."""
     _check_args(prompt, block_size, temp)
-    block_size = (block_size or draft_model.config.block_size) if draft_model else 1
     stats = stats if stats is not None else GenerationStats()
-    stats.block_size = block_size
     target = Target(model, draft_model.config.target_layer_ids if draft_model else ())
     if draft_model is not None:
         check_fit(draft_model.config, num_layers=target.num_layers,
                   hidden_size=target.hidden_size, vocab_size=target.vocab_size)
     cache = prompt_cache if prompt_cache is not None else PromptCache(model, draft_model)
     cache.use_drafter(draft_model)
+    if draft_model is not None and block_size is None:
+        policy = policy or cache.policy or BlockSizePolicy(draft_model.config.block_size)
+        cache.policy = policy
+    else:
+        policy = None
+    stats.block_size = (block_size or draft_model.config.block_size) if draft_model else 1
+    stats.adaptive = policy is not None
+    cycles = _Cycles(target, draft_model, cache, SamplingParams(temp, top_p, top_k), stats, profile)
 
-    def distribution(logits: mx.array) -> mx.array:
-        return probabilities(logits, temp, top_p, top_k)
-
-    def choose(logits: mx.array) -> mx.array:
-        return mx.argmax(logits, axis=-1) if temp == 0 else sample(distribution(logits))
-
-    # Prefill, feeding the captured features straight into the drafter's context.
     tic = time.perf_counter()
     start = stats.prompt_cached = cache.reuse(prompt, with_drafter=draft_model is not None)
-    todo = list(prompt[start:])
-    for i in range(0, len(todo), PREFILL_STEP):
-        chunk = todo[i : i + PREFILL_STEP]
-        hidden, features = target.forward(mx.array(chunk)[None], cache.target, capture=draft_model is not None)
-        if draft_model is not None:
-            draft_model.append_context(features, cache.draft)
-        cache.tokens += chunk
-        mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
-        if prompt_progress_callback:
-            prompt_progress_callback(start + i + len(chunk), len(prompt))
-    logits = target.lm_head(hidden[:, -1])[0]
-    token = choose(logits).item()
+    token, logits = cycles.prefill(prompt, start, prompt_progress_callback)
     stats.prompt_time = time.perf_counter() - tic
     yield [token], 0, [log_softmax(logits)]
 
-    if draft_model is None:
-        while True:
-            tic = time.perf_counter()
-            hidden, _ = target.forward(mx.array([[token]]), cache.target, capture=False)
-            cache.tokens.append(token)
-            logits = target.lm_head(hidden)[0, -1]
-            token = choose(logits).item()
-            stats.verify_time += time.perf_counter() - tic
-            stats.cycles += 1
-            stats.accepted_lengths.append(1)
-            yield [token], 0, [log_softmax(logits)]
-
-    mask_id = draft_model.config.mask_token_id
     produced = 1
     while True:
         tic = time.perf_counter()
-        size = block_size if max_tokens is None else max(2, min(block_size, max_tokens - produced))
-        block = mx.array([[token] + [mask_id] * (size - 1)])
-        draft_logits = draft_model.propose(block, cache.draft, target)
-        if temp == 0:
-            drafts = mx.argmax(draft_logits, axis=-1)
-        else:
-            draft_probs = distribution(draft_logits)
-            drafts = sample(draft_probs)
-        if profile:
-            mx.eval(drafts)
-            stats.draft_time += time.perf_counter() - tic
-            tic = time.perf_counter()
-        else:
-            mx.async_eval(drafts)  # drafting runs while the verify graph is built
-        hidden, features = target.forward(mx.concatenate([block[0, :1], drafts])[None], cache.target)
-        logits = target.lm_head(hidden)[0]
-        if temp == 0:
-            accepted, bonus = greedy_accept(drafts, logits)
-        else:
-            accepted, bonus = speculative_accept(drafts, draft_probs, distribution(logits))
-        *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
-        # Keep [token, accepted drafts] in the target cache; their features become context.
-        trim_prompt_cache(cache.target, size - accepted - 1)
-        cache.tokens += [token] + drafted[:accepted]
-        draft_model.append_context(features[:, : accepted + 1], cache.draft)
-        stats.verify_time += time.perf_counter() - tic  # includes drafting unless profiling
-        stats.cycles += 1
-        stats.accepted_lengths.append(accepted + 1)
-        stats.drafted_tokens += size - 1
-        stats.accepted_drafted_tokens += accepted
-        token = bonus
-        produced += accepted + 1
-        logprobs = log_softmax(logits[: accepted + 1])
-        yield drafted[:accepted] + [bonus], accepted, list(logprobs)
+        left = max(1, max_tokens - produced) if max_tokens is not None else stats.block_size
+        if policy is not None:
+            size = policy.choose(left)
+        else:  # a fixed block verifies at least 2 tokens, as it always has
+            size = max(2, min(stats.block_size, left)) if draft_model else 1
+        drafting = stats.draft_time
+        committed, accepted, logprobs = cycles.plain(token) if size == 1 else cycles.speculate(token, size)
+        seconds = time.perf_counter() - tic
+        if policy is not None:
+            policy.update(size, accepted, seconds)
+        stats.verify_time += seconds - (stats.draft_time - drafting)  # includes drafting unless profiling
+        stats.record(size, accepted)
+        token = committed[-1]
+        produced += len(committed)
+        yield committed, accepted, logprobs
 
 
 class _StopStrings:
@@ -288,10 +348,13 @@ def stream_generate(
     prompt_cache: Optional[PromptCache] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     profile: bool = False,
+    policy: Optional[BlockSizePolicy] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate with DFlash speculative decoding, one `GenerationResponse` per token.
 
-    `draft_model=None` decodes with the target alone. The last response has a
+    `draft_model=None` decodes with the target alone. `block_size=None` picks the block
+    size every cycle (see `BlockSizePolicy`; pass `policy` to carry one across calls,
+    or a `prompt_cache`, which keeps its own). The last response has a
     `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens); every
     response's `stats` holds tau, the accepted-length histogram, timings and tokens/s.
     """
@@ -311,7 +374,7 @@ def stream_generate(
     steps = generate_step(tokens, model, draft_model, block_size=block_size, max_tokens=max_tokens,
                           temp=temp, top_p=top_p,
                           top_k=top_k, prompt_cache=prompt_cache, stats=stats, profile=profile,
-                          prompt_progress_callback=prompt_progress_callback)
+                          prompt_progress_callback=prompt_progress_callback, policy=policy)
     n = 0
     tic = time.perf_counter()
     try:
@@ -366,9 +429,10 @@ def format_stats(response: GenerationResponse) -> str:
         f"Generation: {response.generation_tokens} tokens, {response.generation_tps:.1f} tokens/s",
         f"Peak memory: {response.peak_memory:.3f} GB",
     ]
-    if s is not None and s.drafted_tokens:
-        lines.append(f"Acceptance: tau {s.mean_acceptance:.2f} over {s.cycles} cycles (block {s.block_size}); "
-                     f"histogram {s.histogram}")
+    if s is not None and s.block_size > 1:
+        lines.append(f"Acceptance: tau {s.mean_acceptance:.2f} over {s.cycles} cycles; histogram {s.histogram}")
+        kind = f"adaptive, 1..{s.block_size}" if s.adaptive else f"fixed {s.block_size}"
+        lines.append(f"Block size ({kind}): histogram {s.size_histogram}")
         if s.draft_time:
             lines.append(f"Time: draft {s.draft_time:.2f}s, verify {s.verify_time:.2f}s")
     return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""Adaptive block size: how many tokens the next cycle verifies.
+
+A cycle of size b drafts b - 1 tokens and verifies b (b = 1 is a plain target step: no
+drafter call). It commits 1 + (accepted drafts) tokens. The policy picks the b that
+maximises expected committed tokens per second:
+
+* acceptance: running estimates of p_k, the probability that draft k is accepted given
+  that drafts 1..k-1 were. A cycle with a accepted drafts out of b - 1 observes k <= a
+  as accepted and k = a + 1 as rejected; later positions are not seen (censored), which
+  is exactly what a conditional estimate needs. Old observations fade (`memory`).
+* cost: the measured wall time of cycles of each size (a running average); sizes not
+  measured yet are scaled from the nearest measured one along a cost model.
+* exploration: what is never verified is never measured, so now and then the policy
+  probes a block twice the size it believes best. Failed probes back off geometrically,
+  up to the interval at which probes cost at most `explore` of the time; a probe that
+  beats the current choice is followed by another at once, so that a drafter that
+  improves mid-answer is noticed within a few probes.
+
+Pure Python, no MLX: unit-tested on synthetic acceptance and cost streams.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+
+def default_cost_model(max_size: int) -> list[float]:
+    """Relative cycle cost by size (index b - 1): 1 for a plain step, a drafter forward
+    plus a b-token verify otherwise (shaped after a small float32 target on a CPU).
+    Only a seed: measured cycles replace it, size by size."""
+    return [1.0] + [1.5 + 0.05 * (b - 1) for b in range(2, max_size + 1)]
+
+
+class BlockSizePolicy:
+    """Chooses the block size of each cycle from measured acceptance and cycle costs.
+
+    Call `choose()` before a cycle and `update(size, accepted, seconds)` after it. One
+    policy can serve many generations with the same target and drafter (what it has
+    learned carries over)."""
+
+    def __init__(self, max_size: int, *, memory: float = 0.8, explore: float = 0.03, prior: float = 0.5,
+                 cost_model: Optional[Sequence[float]] = None, cost_memory: float = 0.75,
+                 surprise: float = 0.25):
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, got {max_size}")
+        self.max_size = max_size
+        self.memory, self.explore, self.prior, self.cost_memory = memory, explore, prior, cost_memory
+        self.surprise = surprise
+        self.model = list(cost_model) if cost_model is not None else default_cost_model(max_size)
+        if len(self.model) != max_size:
+            raise ValueError(f"cost_model needs {max_size} entries, got {len(self.model)}")
+        # Index k: draft position k (1-based; index 0 unused). Decayed counts.
+        self.hits = [0.0] * max_size
+        self.trials = [0.0] * max_size
+        self.seconds: dict[int, float] = {}  # measured cycle cost by size
+        self.wait = 1  # cycles between probes
+        self.since_probe = 0
+        self.probe: Optional[tuple[int, int]] = None  # (probed size, the size it challenged)
+
+    def acceptance(self, k: int) -> float:
+        """Estimated P(draft k accepted | drafts before it accepted), k >= 1."""
+        return (self.hits[k] + self.prior) / (self.trials[k] + 1.0)
+
+    def costs(self) -> list[float]:
+        """Estimated cost of a cycle of each size (index b - 1; seconds once anything is
+        measured). Unmeasured drafted sizes come from a least-squares line through the
+        measured ones, or, with fewer than two, from the cost model scaled to the nearest."""
+        if not self.seconds:
+            return list(self.model)
+        drafted = {m: t for m, t in self.seconds.items() if m > 1}
+        line = _fit_line(drafted) if len(drafted) > 1 else None
+        out = []
+        for size in range(1, self.max_size + 1):
+            if size in self.seconds:
+                out.append(self.seconds[size])
+            elif line is not None and size > 1:
+                # never below a plain step: verifying more tokens cannot be cheaper
+                out.append(max(line[0] + line[1] * size, self.seconds.get(1, 0.0), 1e-9))
+            else:  # plain steps scale from plain steps, drafted cycles from drafted ones
+                same = [m for m in self.seconds if (m == 1) == (size == 1)] or list(self.seconds)
+                near = min(same, key=lambda m: (abs(m - size), m))
+                out.append(self.model[size - 1] * self.seconds[near] / self.model[near - 1])
+        return out
+
+    def rates(self) -> list[float]:
+        """Expected committed tokens per unit of cost, by size (index b - 1)."""
+        costs, expected, total, run = self.costs(), [1.0], 1.0, 1.0
+        for k in range(1, self.max_size):
+            run *= self.acceptance(k)
+            total += run
+            expected.append(total)
+        return [e / c for e, c in zip(expected, costs)]
+
+    def best(self, limit: Optional[int] = None) -> int:
+        """The size with the highest expected rate (the smallest among ties)."""
+        top = min(self.max_size, limit or self.max_size)
+        rates = self.rates()[:top]
+        return 1 + rates.index(max(rates))
+
+    def choose(self, limit: Optional[int] = None) -> int:
+        """The size of the next cycle, at most `limit` (tokens still wanted)."""
+        top = min(self.max_size, limit or self.max_size)
+        best = self.best(top)
+        self.since_probe += 1
+        if best < top and self.since_probe >= self.wait:
+            self.since_probe = 0
+            self.probe = (min(top, 2 * best), best)
+            return self.probe[0]
+        self.probe = None
+        return best
+
+    def update(self, size: int, accepted: int, seconds: float) -> None:
+        """Record a finished cycle: `accepted` of its `size - 1` drafts, `seconds` of wall time."""
+        old = self.seconds.get(size)
+        self.seconds[size] = seconds if old is None else self.cost_memory * old + (1 - self.cost_memory) * seconds
+        probe, self.probe = self.probe, None
+        # How likely the estimates found the drafts this probe accepted beyond the challenged size.
+        likely = math.prod(self.acceptance(k) for k in range(probe[1], accepted + 1)) if probe else 1.0
+        for k in range(1, min(accepted + 1, size - 1) + 1):  # positions 1..a accepted, a+1 rejected
+            self.hits[k] = self.memory * self.hits[k] + (k <= accepted)
+            self.trials[k] = self.memory * self.trials[k] + 1.0
+        if probe is None or probe[0] != size:
+            return
+        if likely < self.surprise or self.best() > probe[1]:
+            self.wait = 1  # the drafter did better than believed: look again at once
+        else:
+            self.wait = min(2 * self.wait, self._probe_interval(size, probe[1]))
+
+    def _probe_interval(self, probe: int, best: int) -> int:
+        """Cycles between probes so that their extra cost stays within `explore`."""
+        costs = self.costs()
+        extra = max(costs[probe - 1] - costs[best - 1], 0.0)
+        return max(1, math.ceil(extra / (self.explore * costs[best - 1])))
+
+
+def _fit_line(points: dict[int, float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) through {x: y}."""
+    n = len(points)
+    mx_, my = sum(points) / n, sum(points.values()) / n
+    sxx = sum((x - mx_) ** 2 for x in points)
+    slope = sum((x - mx_) * (y - my) for x, y in points.items()) / sxx
+    return my - slope * mx_, slope
