@@ -3,221 +3,36 @@
     dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
                 [--top-k K] [--block-size B] [--max-tokens N] [--system TEXT] [--no-draft]
 
-All model work happens on the engine's worker thread (see `engine.py`); this module is
-only the Textual UI: a transcript of Markdown messages, a live stats panel, an input.
+All model work happens on the engine's worker thread (`engine.py`); the widgets are in
+`widgets.py`, the conversation's data in `session.py` and the look in `chat.tcss`. This
+module is the app itself: it routes input, slash commands and engine events.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Callable
 
-from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
-from textual.message import Message
-from textual.widgets import Footer, Header, Input, Markdown, ProgressBar, Static
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, Header, Input
 
-from .engine import (
-    Cleared,
-    Engine,
-    Event,
-    Failed,
-    Finished,
-    Loaded,
-    Prefill,
-    Settings,
-    Snapshot,
-    Status,
-    Token,
-)
-
-HELP = """\
-**Commands**
-
-- `/help` this help
-- `/stats` numbers of the last reply and of the whole session
-- `/clear` forget the conversation and its KV cache
-- `/temp X` sampling temperature (0 = greedy)
-- `/block N` drafter block size (`/block auto`: the drafter's own)
-- `/baseline` toggle target-only decoding, to feel the difference
-- `/save FILE` save the transcript as Markdown
-- `/load [MODEL] [DRAFT]` load another model (none given: the built-in default)
-
-**Keys**: `Enter` send · `Esc` stop the reply · `Ctrl+D` colour drafted tokens · `Ctrl+Q` or `Ctrl+C` quit
-"""
-
-DRAFT_STYLE = "bold #5fd7af"  # tokens that came from accepted drafts
-TARGET_STYLE = "#ffaf5f"  # tokens the target produced itself
-BAR_CHARS = "▁▂▃▄▅▆▇█"
-
-
-# --------------------------------------------------------------------------- formatting
-
-
-def acceptance_bar(lengths: tuple[int, ...], block_size: int | None, width: int = 40) -> Text:
-    """One character per block, as tall as the number of tokens that block committed."""
-    top = max(block_size or 0, max(lengths, default=1), 1)
-    bar = Text()
-    for n in lengths[-width:]:
-        frac = n / top
-        level = min(len(BAR_CHARS) - 1, max(0, round(frac * (len(BAR_CHARS) - 1))))
-        colour = "#5fd7af" if frac >= 0.5 else "#d7d75f" if frac >= 0.25 else "#ff875f"
-        bar.append(BAR_CHARS[level], style=colour)
-    return bar
-
-
-def prompt_text(s: Snapshot) -> str:
-    reused = f" (+{s.prompt_cached} reused)" if s.prompt_cached else ""
-    return f"prompt {s.prefilled} tok{reused} @ {s.prompt_tps:.0f} tok/s"
-
-
-def summary_line(s: Snapshot, reason: str) -> str:
-    """The one line shown under each reply."""
-    parts = [f"{s.generation_tokens} tokens", f"{s.generation_tps:.1f} tok/s"]
-    if s.baseline:
-        parts.append("baseline (target only)")
-    else:
-        parts.append(f"τ {s.mean_acceptance:.2f} over {s.cycles} blocks")
-        parts.append(
-            f"accepted {s.accepted_drafted_tokens}/{s.drafted_tokens} drafted"
-            f" ({s.acceptance_rate:.0%})"
-        )
-    parts.append(prompt_text(s))
-    parts.append(f"peak {s.peak_memory:.2f} GB")
-    if reason == "stopped":
-        parts.append("stopped")
-    elif reason == "length":
-        parts.append("hit max tokens")
-    return " · ".join(parts)
-
-
-# --------------------------------------------------------------------------- widgets
-
-
-class EngineMessage(Message):
-    """An engine event, carried from the worker thread to the UI thread."""
-
-    def __init__(self, event: Event) -> None:
-        super().__init__()
-        self.event = event
-
-
-class Note(Static):
-    """A line from the app itself: info, error or a reply's summary."""
-
-
-class UserMessage(Markdown):
-    pass
-
-
-class Reply(Vertical):
-    """An assistant reply: Markdown, or the raw text coloured by where tokens came from."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.text = ""
-        self._tinted = Text()
-        self._stream = None
-
-    def compose(self) -> ComposeResult:
-        yield Markdown()
-        yield Static(classes="tinted")
-
-    async def add(self, text: str, from_draft: bool) -> None:
-        self.text += text
-        self._tinted.append(text, style=DRAFT_STYLE if from_draft else TARGET_STYLE)
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
-        await self._stream.write(text)
-        self.query_one(".tinted", Static).update(self._tinted)
-
-    async def finish(self) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
-
-
-class StatsPanel(Vertical):
-    """Live numbers: speed, acceptance, the last blocks' accepted lengths, memory."""
-
-    def compose(self) -> ComposeResult:
-        yield Static(id="stats-speed")
-        yield Static(id="stats-blocks")
-        yield ProgressBar(id="progress", show_eta=False)
-
-    def show(self, state: str, snap: Snapshot | None, detail: str = "") -> None:
-        speed = Text(state, style="bold")
-        blocks = Text()
-        if snap is not None:
-            speed.append(f"   {snap.generation_tps:6.1f} tok/s", style="bold #5fd7af")
-            if snap.baseline:
-                speed.append("   τ –")
-            else:
-                speed.append(f"   τ {snap.mean_acceptance:5.2f}", style="bold")
-            speed.append(f"   {prompt_text(snap)}")
-            speed.append(f"   peak {snap.peak_memory:.2f} GB")
-            if snap.baseline:
-                blocks.append("baseline: every token comes from the target", style="dim")
-            else:
-                blocks.append("accepted/block ", style="dim")
-                blocks.append_text(acceptance_bar(snap.accepted_lengths, snap.block_size))
-                blocks.append(
-                    f"  drafted {snap.drafted_tokens} · accepted "
-                    f"{snap.accepted_drafted_tokens} ({snap.acceptance_rate:.0%})"
-                )
-            blocks.append(
-                f" · {snap.generation_tokens} tokens, {snap.target_tokens} from target",
-                style="dim",
-            )
-        if detail:
-            speed.append(f"   {detail}", style="dim")
-        self.query_one("#stats-speed", Static).update(speed)
-        self.query_one("#stats-blocks", Static).update(blocks)
-
-    def progress(self, done: int | None = None, total: int | None = None) -> None:
-        """Show a progress bar (indeterminate when total is None)."""
-        bar = self.query_one(ProgressBar)
-        bar.display = True
-        bar.update(total=total, progress=done or 0)
-
-    def hide_progress(self) -> None:
-        self.query_one(ProgressBar).display = False
+from .engine import Cleared, Engine, Event, Failed, Finished, Loaded, Prefill, Settings, Snapshot, Status, Token
+from .commands import SlashCommands
+from .session import Session
+from .widgets import DRAFT_STYLE, TARGET_STYLE, EngineMessage, Note, Reply, StatsPanel, UserMessage, summary_line
 
 
 # --------------------------------------------------------------------------- the app
 
 
-class ChatApp(App):
+class ChatApp(SlashCommands, App):
     """Chat with a local model, decoded by DFlash speculative decoding."""
 
     TITLE = "dflash-chat"
-    CSS = """
-    #transcript { height: 1fr; padding: 0 1; }
-    UserMessage {
-        margin: 1 0 0 0; padding: 0 1; background: $boost;
-        border-left: thick $accent;
-    }
-    Reply { height: auto; margin: 1 0 0 0; border-left: thick $success; }
-    Reply Markdown { padding: 0 1; }
-    UserMessage > *:last-child, Reply Markdown > *:last-child { margin-bottom: 0; }
-    UserMessage > *:first-child, Reply Markdown > *:first-child { margin-top: 0; }
-    Reply .tinted { display: none; padding: 0 1; }
-    Reply.-tinted Markdown { display: none; }
-    Reply.-tinted .tinted { display: block; }
-    Note { color: $text-muted; padding: 0 1; margin: 1 0 0 0; }
-    Note.summary { margin: 0; padding: 0 2; text-style: italic; }
-    Note.error { color: $text-error; background: $error-muted; }
-    StatsPanel {
-        height: auto; border: round $primary; padding: 0 1;
-        border-title-color: $text-primary; border-subtitle-color: $text-muted;
-    }
-    StatsPanel ProgressBar { display: none; }
-    #prompt { border: tall $accent; }
-    """
+    CSS_PATH = "chat.tcss"
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),
         Binding("ctrl+d", "toggle_tint", "Colour drafts", priority=True),
@@ -243,16 +58,13 @@ class ChatApp(App):
         self._transcript = VerticalScroll(id="transcript")
         self._panel = StatsPanel()
         self._follow_timer = None
-        self.messages: list[dict] = []  # the conversation, without the system prompt
-        self.log_entries: list[tuple[str, str]] = []  # (kind, text) for /save
+        self.session = Session()
         self.model_name: str | None = None
         self.draft_name: str | None = None
         self.state = "starting"  # starting | loading | ready | generating | stopping | no model
         self.tint = False
         self.reply: Reply | None = None
         self.last: Snapshot | None = None
-        self.session = {"replies": 0, "tokens": 0, "cycles": 0, "committed": 0,
-                        "drafted": 0, "accepted": 0}
 
     # ---- layout
 
@@ -292,6 +104,11 @@ class ChatApp(App):
     # ---- helpers
 
     @property
+    def messages(self) -> list[dict]:
+        """The conversation the model sees, without the system prompt."""
+        return self.session.messages
+
+    @property
     def transcript(self) -> VerticalScroll:
         return self._transcript
 
@@ -318,7 +135,7 @@ class ChatApp(App):
         widget = Note(text, classes=kind, markup=False)
         await self.transcript.mount(widget)
         if kind != "summary":
-            self.log_entries.append((kind, text))
+            self.session.log.append((kind, text))
         return widget
 
     def refresh_stats(self, detail: str = "") -> None:
@@ -364,8 +181,7 @@ class ChatApp(App):
         if self.transcript.is_anchored:
             self.transcript.anchor()  # back to the bottom, even if the user scrolled up
         await self.transcript.mount(UserMessage(text))
-        self.messages.append({"role": "user", "content": text})
-        self.log_entries.append(("you", text))
+        self.session.ask(text)
         self.reply = Reply()
         self.reply.set_class(self.tint, "-tinted")
         await self.transcript.mount(self.reply)
@@ -394,7 +210,7 @@ class ChatApp(App):
         elif isinstance(event, Finished):
             self.last = event.stats
             await self.end_reply(event.reason, summary_line(event.stats, event.reason))
-            self._count(event.stats)
+            self.session.totals.add(event.stats)
         elif isinstance(event, Status):
             if not self.busy:
                 self.state = "loading"
@@ -431,28 +247,17 @@ class ChatApp(App):
         if reply is not None:
             await reply.finish()
             if reply.text:
-                self.messages.append({"role": "assistant", "content": reply.text})
-                self.log_entries.append(("assistant", reply.text))
+                self.session.answer(reply.text)
             else:
                 await reply.remove()
-                if self.messages and self.messages[-1]["role"] == "user":
-                    self.messages.pop()  # no answer: keep the history alternating
+                self.session.drop_unanswered()
                 if reason == "stopped":
                     await self.note("Stopped before the reply began; that message was dropped.")
         if summary is not None and reply is not None and reply.text:
             await self.note(summary, "summary")
-            self.log_entries.append(("summary", summary))
+            self.session.log.append(("summary", summary))
         self.state = "ready" if self.model_name is not None else "no model"
         self.refresh_stats()
-
-    def _count(self, s: Snapshot) -> None:
-        self.session["replies"] += 1
-        self.session["tokens"] += s.generation_tokens
-        if not s.baseline:
-            self.session["cycles"] += s.cycles
-            self.session["committed"] += round(s.mean_acceptance * s.cycles)
-            self.session["drafted"] += s.drafted_tokens
-            self.session["accepted"] += s.accepted_drafted_tokens
 
     # ---- actions
 
@@ -473,127 +278,9 @@ class ChatApp(App):
             self.engine.stop()
         self.exit()
 
-    # ---- slash commands
-
-    async def command(self, line: str) -> None:
-        name, _, arg = line[1:].partition(" ")
-        handler = getattr(self, f"cmd_{name.lower()}", None)
-        if handler is None:
-            await self.note(f"Unknown command /{name}. /help lists the commands.", "error")
-            return
-        await handler(arg.strip())
-
-    async def cmd_help(self, arg: str) -> None:
-        widget = Markdown(HELP, classes="help")
-        await self.transcript.mount(widget)
-
-    async def cmd_clear(self, arg: str) -> None:
-        if self.busy:
-            await self.note("Press Esc to stop the reply before /clear.", "error")
-            return
-        self.messages.clear()
-        self.log_entries.clear()
-        self.last = None
-        await self.transcript.remove_children()
-        if self.engine is not None:
-            self.engine.clear()
-        await self.note("Conversation cleared (KV cache reset).")
-        self.refresh_stats()
-
-    async def cmd_temp(self, arg: str) -> None:
-        try:
-            value = float(arg)
-            if value < 0:
-                raise ValueError
-        except ValueError:
-            await self.note("Usage: /temp X  with X >= 0 (0 = greedy).", "error")
-            return
-        self.settings.temp = value
-        await self.note(f"Temperature set to {value:g}.")
-        self.refresh_stats()
-
-    async def cmd_block(self, arg: str) -> None:
-        if arg.lower() in ("auto", "default"):
-            self.settings.block_size = None
-        else:
-            try:
-                value = int(arg)
-                if value < 2:
-                    raise ValueError
-            except ValueError:
-                await self.note("Usage: /block N  with N >= 2, or /block auto.", "error")
-                return
-            self.settings.block_size = value
-        await self.note(f"Block size set to {self.settings.block_size or 'auto'}.")
-        self.refresh_stats()
-
-    async def cmd_baseline(self, arg: str) -> None:
-        if self.draft_name is None:
-            await self.note("No drafter is loaded: decoding is target-only already.", "error")
-            return
-        self.settings.baseline = not self.settings.baseline
-        if self.settings.baseline:
-            await self.note("Baseline on: the target decodes alone, one token per step.")
-        else:
-            await self.note("Baseline off: DFlash speculative decoding again.")
-        self.refresh_stats()
-
-    async def cmd_stats(self, arg: str) -> None:
-        s, t = self.last, self.session
-        lines = [f"Model: {self.model_name or 'none'} · drafter: {self.draft_name or 'none'}",
-                 f"Settings: {self.settings.describe(self.has_draft)}"]
-        if s is not None:
-            lines.append("Last reply: " + summary_line(s, ""))
-            if s.accepted_lengths and not s.baseline:
-                tail = " ".join(map(str, s.accepted_lengths[-24:]))
-                lines.append(f"Accepted per block (last {min(24, len(s.accepted_lengths))}): {tail}")
-        tau = t["committed"] / t["cycles"] if t["cycles"] else 0.0
-        rate = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
-        lines.append(
-            f"Session: {t['replies']} replies, {t['tokens']} tokens, τ {tau:.2f} over "
-            f"{t['cycles']} blocks, drafted {t['drafted']}, accepted {t['accepted']} ({rate:.0%})"
-        )
-        await self.note("\n".join(lines))
-
-    async def cmd_save(self, arg: str) -> None:
-        path = Path(arg or "dflash-chat.md").expanduser()
-        try:
-            path.write_text(self.transcript_markdown(), encoding="utf-8")
-        except OSError as exc:
-            await self.note(f"Could not save the transcript: {exc}", "error")
-            return
-        await self.note(f"Transcript saved to {path}.")
-
-    async def cmd_load(self, arg: str) -> None:
-        if self.busy:
-            await self.note("Press Esc to stop the reply before /load.", "error")
-            return
-        model, _, draft = arg.partition(" ")
-        self.model_path, self.draft_path = model or None, draft.strip() or None
-        self.model_name = self.draft_name = None
-        self.messages.clear()
-        self.last = None
-        if self.engine is not None:
-            self.engine.load(self.model_path, self.draft_path)
-
-    async def cmd_quit(self, arg: str) -> None:
-        await self.action_quit()
-
     def transcript_markdown(self) -> str:
-        out = ["# dflash-chat transcript", ""]
-        out.append(f"Model: {self.model_name or 'none'} · drafter: {self.draft_name or 'none'}")
-        out.append("")
-        if self.system:
-            out += [f"**System:** {self.system}", ""]
-        headings = {"you": "### You", "assistant": "### Assistant"}
-        for kind, text in self.log_entries:
-            if kind in headings:
-                out += [headings[kind], "", text.strip(), ""]
-            elif kind == "summary":
-                out += [f"*{text}*", ""]
-            else:
-                out += [f"> {text}", ""]
-        return "\n".join(out)
+        """The conversation as Markdown (what /save writes)."""
+        return self.session.markdown(self.model_name, self.draft_name, self.system)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
+
+from dflash_mlx.errors import one_line
+from dflash_mlx.messages import apply_chat_template
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 BAR_HISTORY = 64  # how many of the last blocks' accepted lengths the events carry
@@ -131,7 +134,7 @@ class _Stopped(Exception):
 
 def describe_error(exc: BaseException) -> str:
     """A one-line message a person can act on."""
-    text = str(exc).strip() or type(exc).__name__
+    text = one_line(exc)
     lowered = text.lower()
     if isinstance(exc, MemoryError) or "out of memory" in lowered or "malloc" in lowered:
         return f"Out of memory: {text}. Try /clear, a smaller --max-tokens or a smaller model."
@@ -229,7 +232,7 @@ class Engine:
 
     def _run(self) -> None:
         if self._backend is None:
-            import dflash_mlx  # preloads OpenBLAS; imports mlx on this thread
+            import dflash_mlx  # the real engine (tests pass a fake backend)
 
             self._backend = dflash_mlx
         while (command := self._commands.get()) is not None:
@@ -278,7 +281,7 @@ class Engine:
             self._emit(Failed("No model is loaded (see the message above).", "generate"))
             return
         draft = None if baseline else self.draft
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        prompt = apply_chat_template(self.tokenizer, messages)
         if self.cache is None:
             self.cache = self._backend.make_prompt_cache(self.model, self.draft)
 

@@ -1,4 +1,4 @@
-"""`dflash convert` and `dflash export`.
+"""What `dflash convert` and `dflash export` do (the commands themselves live in app/cli.py).
 
 convert: a z-lab-layout drafter (Hub repo or local directory; safetensors, sharded
 safetensors or a PyTorch state dict) -> a ready MLX drafter directory::
@@ -20,8 +20,6 @@ export: an MLX drafter directory -> z-lab's layout (config.json with
 ``architectures: ["DFlashDraftModel"]``, bfloat16 ``model.safetensors``, same keys),
 which SGLang, vLLM and z-lab's PyTorch ``DFlashDraftModel.from_pretrained`` load.
 Quantized drafters are dequantized first.
-
-This module imports no mlx at import time (the CLI stays quick to start).
 """
 
 from __future__ import annotations
@@ -29,17 +27,18 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
-import tempfile
-import uuid
-from contextlib import contextmanager
+import sys
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-import typer
+from dflash_mlx.atomic import atomic_directory
+from dflash_mlx.config import parse_config
+from dflash_mlx.drafter import read_config
+from dflash_mlx.errors import one_line
+from dflash_mlx.hub import SAFETENSORS_PATTERNS, resolve_source
 
-__all__ = ["convert_drafter", "export_drafter", "convert_target_model", "atomic_output",
-           "convert_command", "export_command", "parse_layer_ids"]
+__all__ = ["convert_drafter", "export_drafter", "convert_target_model", "check_output", "check_target",
+           "build_convert_command"]
 
 Log = Callable[[str], None]
 Q_BITS = (2, 3, 4, 5, 6, 8)
@@ -47,11 +46,11 @@ Q_GROUP_SIZES = (32, 64, 128)
 
 
 def _stderr(message: str) -> None:
-    typer.echo(message, err=True)
+    print(message, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
-# Atomic output
+# Checks
 # ---------------------------------------------------------------------------
 
 def check_output(output_dir: Path, force: bool, sources: Sequence[Path] = ()) -> None:
@@ -67,67 +66,9 @@ def check_output(output_dir: Path, force: bool, sources: Sequence[Path] = ()) ->
             raise ValueError(f"OUTPUT_DIR {output_dir} would replace the input {s}: choose another directory")
 
 
-@contextmanager
-def atomic_output(output_dir: str | Path, force: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary directory next to `output_dir`; on success it becomes
-    `output_dir` (replacing an existing one only when `force`), on any failure or
-    interrupt it is removed, as are parent directories this created."""
-    out = Path(output_dir).expanduser()
-    if out.exists() and not force:
-        raise FileExistsError(f"{output_dir} already exists (pass --force to replace it)")
-    created: list[Path] = []
-    parent = out.parent
-    while not parent.exists():
-        created.append(parent)
-        parent = parent.parent
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; give it mkdir's mode
-        yield tmp
-        if out.exists() or out.is_symlink():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(out, old)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.replace(old, out)
-                raise
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in created:  # innermost first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise
-
-
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-def parse_layer_ids(text: Optional[str]) -> Optional[list[int]]:
-    """"1,9,17,25,33" (spaces or brackets allowed) -> [1, 9, 17, 25, 33]."""
-    if text is None:
-        return None
-    parts = [p for p in text.strip().strip("[]").replace(" ", ",").split(",") if p]
-    try:
-        ids = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"--target-layer-ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise ValueError("--target-layer-ids is empty")
-    return ids
-
 
 def _check_dtype(dtype: Optional[str], option: str = "--dtype") -> None:
     from .checkpoint import FLOAT_DTYPES
@@ -152,12 +93,6 @@ def _check_request(source: str, out: Path, force: bool, dtype: Optional[str], qu
         _check_quant(q_bits, q_group_size)
     local = Path(source).expanduser()
     check_output(out, force, [local] if local.exists() else [])
-
-
-def _read_config(directory: Path) -> dict:
-    from dflash_mlx.drafter import read_config
-
-    return read_config(directory)
 
 
 def _output_config(cfg, raw: dict, dtype: str) -> dict:
@@ -200,8 +135,7 @@ def _load_target_dims(target: str):
     try:
         model, _ = load(None if target == "default" else target, lazy=True)
     except Exception as e:  # mlx-lm / hub errors of many kinds: keep one line
-        text = str(e).strip().splitlines()
-        raise ValueError(f"cannot load target {target} ({text[0] if text else type(e).__name__})") from None
+        raise ValueError(f"cannot load target {target} ({one_line(e)})") from None
     t = Target(model)
     rows = t.body.embed_tokens.weight.shape[0]
     return t.num_layers, t.hidden_size, t.vocab_size, rows
@@ -298,15 +232,13 @@ def convert_drafter(source: str, output_dir: str | Path, *, revision: Optional[s
     out = Path(output_dir).expanduser()
     _check_request(source, out, force, dtype, quantize, q_bits, q_group_size)
 
-    from .hub import resolve_source
-
     src = resolve_source(source, revision)
     check_output(out, force, [src.path])
 
     # --- validate everything before writing anything --------------------------------
-    from .checkpoint import open_checkpoint, parse_config, validate_tensors
+    from .checkpoint import open_checkpoint, validate_tensors
 
-    raw = _read_config(src.path)
+    raw = read_config(src.path)
     cfg, raw = parse_config(raw, target_layer_ids)
     source_quant = raw.get("quantization")
     if source_quant and quantize:
@@ -365,7 +297,7 @@ def convert_drafter(source: str, output_dir: str | Path, *, revision: Optional[s
                        revision=revision_text, fmt=ckpt.kind, src_dtype=src_dtype,
                        weights=weights_text, cfg=cfg, command=command)
 
-    with atomic_output(out, force) as tmp:
+    with atomic_directory(out, overwrite=force) as tmp:
         _save_weights(tmp / "model.safetensors", arrays, "mlx")
         _write_json(tmp / "config.json", config)
         (tmp / "README.md").write_text(card)
@@ -401,7 +333,7 @@ def convert_target_model(source: str, output_dir: str | Path, *, revision: Optio
     _check_request(source, out, force, dtype, quantize, q_bits, q_group_size)
     import mlx_lm  # its public `mlx_lm.convert` function
 
-    with atomic_output(out, force) as tmp:
+    with atomic_directory(out, overwrite=force) as tmp:
         staged = tmp / "model"
         mlx_lm.convert(hf_path=source, mlx_path=str(staged), quantize=quantize,
                        q_group_size=q_group_size if quantize else None,
@@ -427,14 +359,12 @@ def export_drafter(draft: str, output_dir: str | Path, *, dtype: str = "bfloat16
     out = Path(output_dir).expanduser()
     _check_request(draft, out, force, dtype)
 
-    from .hub import SAFETENSORS_PATTERNS, resolve_source
-
     src = resolve_source(draft, revision, patterns=SAFETENSORS_PATTERNS)
     check_output(out, force, [src.path])
 
-    from .checkpoint import open_checkpoint, parse_config, validate_tensors
+    from .checkpoint import open_checkpoint, validate_tensors
 
-    raw = _read_config(src.path)
+    raw = read_config(src.path)
     cfg, raw = parse_config(raw, require_layer_ids=False)
     quant = raw.get("quantization")
     ckpt = open_checkpoint(src.path)
@@ -455,57 +385,8 @@ def export_drafter(draft: str, output_dir: str | Path, *, dtype: str = "bfloat16
     mx.eval(arrays)
     config = _output_config(cfg, raw, dtype)
 
-    with atomic_output(out, force) as tmp:
+    with atomic_directory(out, overwrite=force) as tmp:
         _save_weights(tmp / "model.safetensors", arrays, "pt")
         _write_json(tmp / "config.json", config)
     log(f"wrote {out}: z-lab layout, {len(arrays)} tensors ({dtype})")
     return out
-
-
-# ---------------------------------------------------------------------------
-# typer commands (registered in dflash_mlx/cli.py, wrapped in friendly_errors there)
-# ---------------------------------------------------------------------------
-
-def convert_command(
-    source: str = typer.Argument(..., help="Hub repo id (owner/name) or local checkpoint directory."),
-    output_dir: Path = typer.Argument(..., help="Directory to create (must not exist unless --force)."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16, bfloat16 or float32 (default: the checkpoint's)."),
-    quantize: bool = typer.Option(False, "-q", "--quantize", help="Quantize the linear layers."),
-    q_bits: int = typer.Option(4, "--q-bits", help="Bits per weight with -q (4 or 8)."),
-    q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size with -q."),
-    target: Optional[str] = typer.Option(None, "--target", help="Also check the drafter fits this target model (path, Hub repo or 'default')."),
-    target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids", help="Target layers the drafter reads, e.g. 1,9,17,25,33 (only for configs that lack them)."),
-    target_model: bool = typer.Option(False, "--target-model", help="SOURCE is a target LLM: convert it with mlx_lm.convert."),
-    force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),
-) -> None:
-    """Convert a z-lab DFlash drafter (Hub repo or local directory; model.safetensors, sharded
-    safetensors or a PyTorch .bin / .pt state dict) into an MLX drafter directory.
-
-    Everything is checked before anything is written: the config, every tensor's name,
-    shape and dtype, and with --target the drafter/target pair. A config without
-    target_layer_ids is rejected (the ids are not guessed): pass --target-layer-ids.
-    Hub downloads use the Hugging Face cache and token; HF_HUB_OFFLINE=1 works from the
-    cache. With --target-model, SOURCE is a target LLM and mlx_lm.convert does the work.
-    """
-    if target_model:
-        if target or target_layer_ids:
-            raise ValueError("--target and --target-layer-ids apply to drafters, not to --target-model")
-        convert_target_model(source, output_dir, revision=revision, dtype=dtype, quantize=quantize,
-                             q_bits=q_bits, q_group_size=q_group_size, force=force)
-        return
-    ids = parse_layer_ids(target_layer_ids)
-    convert_drafter(source, output_dir, revision=revision, dtype=dtype, quantize=quantize,
-                    q_bits=q_bits, q_group_size=q_group_size, target=target,
-                    target_layer_ids=ids, force=force)
-
-
-def export_command(
-    draft_dir: str = typer.Argument(..., help="MLX drafter directory (or Hub repo id)."),
-    output_dir: Path = typer.Argument(..., help="Directory to create (must not exist unless --force)."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="float16, bfloat16 or float32."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
-    force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),
-) -> None:
-    """Export an MLX drafter to z-lab's PyTorch layout (for SGLang / vLLM / z-lab's loader)."""
-    export_drafter(draft_dir, output_dir, dtype=dtype, revision=revision, force=force)

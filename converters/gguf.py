@@ -27,14 +27,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import dflash_mlx  # noqa: F401  (preloads OpenBLAS before mlx)
 import mlx.core as mx
+
+from dflash_mlx.atomic import atomic_directory
+
+from .gguf_metadata import GGUFImportError, gguf_config, read_gguf
+from .gguf_tokenizer import build_tokenizer, tokenizer_config
 
 __all__ = [
     "GGUFImportError",
@@ -86,99 +89,6 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)$")
-
-# llama.cpp token types.
-_TOKEN_CONTROL = 3
-_TOKEN_USER_DEFINED = 4
-
-# Pre-tokenizers known to be "GPT-2 byte level, digits split one by one".
-_DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact"}
-_PLAIN_GPT2_PRE = {"gpt2", "gpt-2", "default"}
-
-
-class GGUFImportError(ValueError):
-    """The GGUF file cannot be imported (wrong architecture, missing metadata, ...)."""
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def read_gguf(gguf_path: str | os.PathLike) -> tuple[dict[str, mx.array], dict[str, Any]]:
-    """Read a GGUF file with MLX; metadata scalars become Python values.
-
-    Returns ``(tensors, metadata)``. Quantized tensors stay as MLX triples
-    (``.weight``/``.scales``/``.biases``).
-    """
-    path = Path(gguf_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    try:
-        tensors, raw = mx.load(str(path), return_metadata=True)
-    except Exception as exc:  # MLX raises a bare ValueError/RuntimeError
-        raise GGUFImportError(f"could not read {path} as GGUF: {exc}") from exc
-    meta: dict[str, Any] = {}
-    for key, value in raw.items():
-        if isinstance(value, mx.array) and value.ndim == 0:
-            meta[key] = value.item()
-        else:
-            meta[key] = value
-    return tensors, meta
-
-
-def _need(meta: dict[str, Any], key: str) -> Any:
-    if key not in meta:
-        raise GGUFImportError(f"GGUF metadata has no {key!r}")
-    return meta[key]
-
-
-def gguf_config(meta: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str, Any]:
-    """Build a Hugging Face llama ``config.json`` dict from GGUF metadata."""
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise GGUFImportError(f"only llama-architecture GGUF files are supported, got {arch!r}")
-    if "rope_freqs.weight" in tensors:
-        raise GGUFImportError("llama3-style rope frequency scaling (rope_freqs) is not supported")
-    scaling = meta.get("llama.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise GGUFImportError(f"rope scaling {scaling!r} is not supported")
-
-    hidden = int(_need(meta, "llama.embedding_length"))
-    heads = int(_need(meta, "llama.attention.head_count"))
-    kv_heads = int(meta.get("llama.attention.head_count_kv", heads))
-    head_dim = int(meta.get("llama.attention.key_length", hidden // heads))
-    rope_dim = int(meta.get("llama.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise GGUFImportError(f"partial rotary embeddings ({rope_dim} of {head_dim}) are not supported")
-    tokens = _need(meta, "tokenizer.ggml.tokens")
-    vocab = int(meta.get("llama.vocab_size", len(tokens)))
-    tied = "output.weight" not in tensors
-
-    config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "num_hidden_layers": int(_need(meta, "llama.block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": int(_need(meta, "llama.feed_forward_length")),
-        "rms_norm_eps": float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0)),
-        "vocab_size": vocab,
-        "max_position_embeddings": int(meta.get("llama.context_length", 2048)),
-        "tie_word_embeddings": tied,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-    }
-    for key, name in (
-        ("tokenizer.ggml.bos_token_id", "bos_token_id"),
-        ("tokenizer.ggml.eos_token_id", "eos_token_id"),
-        ("tokenizer.ggml.padding_token_id", "pad_token_id"),
-    ):
-        if key in meta:
-            config[name] = int(meta[key])
-    return config
 
 
 # --------------------------------------------------------------------------- weights
@@ -277,101 +187,6 @@ def convert_weights(
     return out
 
 
-# --------------------------------------------------------------------------- tokenizer
-
-
-def _pre_tokenizer(pre: str | None) -> Any:
-    from tokenizers import pre_tokenizers
-
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _DIGIT_SPLIT_PRE:
-        return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    if pre is None or pre in _PLAIN_GPT2_PRE:
-        return byte_level
-    raise GGUFImportError(f"unsupported GGUF pre-tokenizer {pre!r}")
-
-
-def build_tokenizer(meta: dict[str, Any]) -> tuple[Any, list[str]]:
-    """Rebuild a byte-level BPE ``tokenizers.Tokenizer`` from GGUF metadata.
-
-    Returns ``(tokenizer, special_tokens)``; control tokens (type 3) and user-defined
-    tokens (type 4) become added tokens, the control ones marked special.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
-
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise GGUFImportError(f"only byte-level BPE ('gpt2') tokenizers are supported, got {model!r}")
-    tokens = list(_need(meta, "tokenizer.ggml.tokens"))
-    merges_raw = list(_need(meta, "tokenizer.ggml.merges"))
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise GGUFImportError("GGUF vocabulary has duplicate tokens")
-    merges = []
-    for m in merges_raw:
-        left, sep, right = m.partition(" ")
-        if not sep:
-            raise GGUFImportError(f"malformed BPE merge {m!r}")
-        merges.append((left, right))
-
-    types = meta.get("tokenizer.ggml.token_type")
-    types = types.tolist() if isinstance(types, mx.array) else list(types or [])
-
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre"))
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-
-    special: list[str] = []
-    added: list[AddedToken] = []
-    for i, t in enumerate(types):
-        if t == _TOKEN_CONTROL:
-            special.append(tokens[i])
-            added.append(AddedToken(tokens[i], special=True, normalized=False))
-        elif t == _TOKEN_USER_DEFINED:
-            added.append(AddedToken(tokens[i], special=False, normalized=False))
-    if added:
-        tok.add_tokens(added)
-    return tok, special
-
-
-def _token(meta: dict[str, Any], key: str) -> str | None:
-    if key not in meta:
-        return None
-    tokens = meta["tokenizer.ggml.tokens"]
-    idx = int(meta[key])
-    return tokens[idx] if 0 <= idx < len(tokens) else None
-
-
-def _tokenizer_config(meta: dict[str, Any], special: list[str], max_len: int) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": max_len,
-    }
-    for key, name in (
-        ("tokenizer.ggml.bos_token_id", "bos_token"),
-        ("tokenizer.ggml.eos_token_id", "eos_token"),
-        ("tokenizer.ggml.padding_token_id", "pad_token"),
-        ("tokenizer.ggml.unknown_token_id", "unk_token"),
-    ):
-        value = _token(meta, key)
-        if value is not None:
-            cfg[name] = value
-    named = {cfg.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    extra = [s for s in special if s not in named]
-    if extra:
-        cfg["additional_special_tokens"] = extra
-    template = meta.get("tokenizer.chat_template")
-    if template:
-        cfg["chat_template"] = template
-    return cfg
-
-
 # --------------------------------------------------------------------------- writing
 
 
@@ -426,23 +241,17 @@ def _progress(enabled: bool, total: int) -> Iterator[Any]:
         yield _Bar()
 
 
-def _place(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished ``tmp`` directory to ``out``."""
-    if not overwrite:
-        try:
-            os.rename(tmp, out)
-        except OSError as exc:
-            if out.exists():  # someone else finished first
-                raise FileExistsError(f"{out} already exists") from exc
-            raise
-        return
-    trash = None
-    if out.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.rename(out, trash / out.name)
-    os.rename(tmp, out)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+def _write_tokenizer(out: Path, meta: dict[str, Any], config: dict[str, Any]) -> None:
+    """tokenizer.json, tokenizer_config.json and generation_config.json from the metadata."""
+    tokenizer, special = build_tokenizer(meta)
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json",
+                tokenizer_config(meta, special, config["max_position_embeddings"]))
+    generation: dict[str, Any] = {"eos_token_id": config.get("eos_token_id")}
+    for k in ("bos_token_id", "pad_token_id"):
+        if k in config:
+            generation[k] = config[k]
+    _write_json(out / "generation_config.json", generation)
 
 
 def import_gguf(
@@ -476,17 +285,11 @@ def import_gguf(
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     src = Path(gguf_path).expanduser().resolve()
     out = Path(out_dir).expanduser().absolute()
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists")
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)
+    out.parent.mkdir(parents=True, exist_ok=True)  # the models folder stays, even on failure
+    with atomic_directory(out, overwrite=overwrite) as tmp:
         tensors, meta = read_gguf(src)
         config = gguf_config(meta, tensors)
-        n_tensors = len(_tensor_bases(tensors))
-        with _progress(progress, n_tensors + 2) as bar:
+        with _progress(progress, len(_tensor_bases(tensors)) + 2) as bar:
             _write_json(tmp / "config.json", config)
             weights = convert_weights(tensors, config, _DTYPES[dtype], on_tensor=bar.advance)
             del tensors
@@ -494,33 +297,10 @@ def import_gguf(
             mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
             del weights
             bar.advance("model.safetensors")
-
             bar.note("tokenizer")
-            tokenizer, special = build_tokenizer(meta)
-            tokenizer.save(str(tmp / "tokenizer.json"))
-            _write_json(
-                tmp / "tokenizer_config.json",
-                _tokenizer_config(meta, special, config["max_position_embeddings"]),
-            )
-            gen: dict[str, Any] = {"eos_token_id": config.get("eos_token_id")}
-            for k in ("bos_token_id", "pad_token_id"):
-                if k in config:
-                    gen[k] = config[k]
-            _write_json(tmp / "generation_config.json", gen)
+            _write_tokenizer(tmp, meta, config)
             bar.advance("tokenizer")
-
-        _write_json(
-            tmp / MARKER_FILE,
-            {
-                "format": _IMPORT_FORMAT,
-                "source": str(src),
-                "source_bytes": src.stat().st_size,
-                "dtype": dtype,
-                "name": meta.get("general.name"),
-            },
-        )
-        _place(tmp, out, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        marker = {"format": _IMPORT_FORMAT, "source": str(src), "source_bytes": src.stat().st_size,
+                  "dtype": dtype, "name": meta.get("general.name")}
+        _write_json(tmp / MARKER_FILE, marker)  # last: its presence means complete
     return out

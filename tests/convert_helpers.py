@@ -117,7 +117,7 @@ def cli(*args):
     """Run `dflash ARGS` in-process; returns click's Result (stdout / stderr apart)."""
     from typer.testing import CliRunner
 
-    from dflash_mlx.cli import app
+    from app.cli import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 

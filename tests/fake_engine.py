@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 import threading
 
-from dflash_mlx.app.engine import Engine
+from app.engine import Engine
 from dflash_mlx.speculative import GenerationResponse, GenerationStats
 
 
 class FakeTokenizer:
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    chat_template = "<role>content</role>"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return [ord(c) for c in text + ("<assistant>" if add_generation_prompt else "")]
 

@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeBackend, fake_engine_factory  # noqa: E402
 
-from dflash_mlx.app.chat import ChatApp, Note, Reply, StatsPanel, UserMessage, app_from_args  # noqa: E402
-from dflash_mlx.app.engine import Settings  # noqa: E402
+from app.chat import ChatApp, app_from_args  # noqa: E402
+from app.widgets import Note, Reply, StatsPanel, UserMessage  # noqa: E402
+from app.engine import Settings  # noqa: E402
 
 REPLY = "The answer| is **4**.| Two plus two| makes four."
 

@@ -271,7 +271,7 @@ def _assert_clean_failure(exit_code: int, stderr: str, words) -> None:
 def test_cli_generate_bad_drafter(default_model_dir, bad_drafter_paths, case):
     from typer.testing import CliRunner
 
-    from dflash_mlx.cli import app
+    from app.cli import app
 
     path, word = bad_drafter_paths[case]
     result = CliRunner().invoke(app, ["generate", "--prompt", "Hello", "--model", str(default_model_dir),
@@ -285,7 +285,7 @@ def test_cli_process_bad_drafter(default_model_dir, bad_drafter_paths):
     """The real process: exit status 1, one line on stderr, nothing on stdout."""
     path, word = bad_drafter_paths["missing"]
     proc = subprocess.run(
-        [sys.executable, "-m", "dflash_mlx.cli", "generate", "--prompt", "Hello",
+        [sys.executable, "-m", "app.cli", "generate", "--prompt", "Hello",
          "--model", str(default_model_dir), "--draft", str(path)],
         capture_output=True, text=True, timeout=120)
     _assert_clean_failure(proc.returncode, proc.stderr, [word, str(path)])

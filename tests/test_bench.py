@@ -5,8 +5,8 @@ import json
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 from typer.testing import CliRunner
 
-from dflash_mlx.bench import markdown_table, run_bench
-from dflash_mlx.cli import app
+from app.bench import markdown_table, run_bench
+from app.cli import app
 
 
 def test_bench_random_drafter_against_mlx_lm_and_zlab(default_model_dir):

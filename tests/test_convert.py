@@ -45,7 +45,7 @@ def inputs():
 
 
 def _st_dtypes(path: Path) -> set[str]:
-    from dflash_mlx.converters.checkpoint import read_safetensors_header
+    from converters.checkpoint import read_safetensors_header
 
     return {t.dtype for t in read_safetensors_header(path).values()}
 
@@ -114,7 +114,7 @@ def test_hub_offline_subprocess(config, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache),
            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "dflash_mlx.cli", "convert", "z-lab/subprocess-dflash",
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "convert", "z-lab/subprocess-dflash",
                            str(out), "--dtype", "bfloat16", "-q", "--q-bits", "8"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -41,7 +41,8 @@ def test_valid_source_converts(src, out):
 
 
 def test_expected_keys_come_from_the_drafter(config):
-    from dflash_mlx.converters.checkpoint import expected_tensors, parse_config
+    from converters.checkpoint import expected_tensors
+    from dflash_mlx.config import parse_config
 
     cfg, _ = parse_config(config)
     got = {k: shape for k, (shape, _) in expected_tensors(cfg).items()}

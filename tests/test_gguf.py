@@ -11,9 +11,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash_mlx import defaults
-from dflash_mlx.converters import gguf as gguf_mod
-from dflash_mlx.converters.gguf import GGUFImportError, import_gguf, is_complete
+from converters import default_model as defaults
+from converters import gguf as gguf_mod
+from converters.gguf import GGUFImportError, import_gguf, is_complete
 
 
 def _chat(tokenizer, question: str) -> str:

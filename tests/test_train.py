@@ -259,7 +259,7 @@ def test_shipped_drafter_round_trips_through_export(tmp_path):
 
     if not (DEFAULT_DRAFT_DIR / "model.safetensors").is_file():
         pytest.skip("no shipped drafter")
-    export_drafter = pytest.importorskip("dflash_mlx.converters.convert").export_drafter
+    export_drafter = pytest.importorskip("converters.convert").export_drafter
     original = load_draft()
     save_drafter(original, tmp_path / "saved")
     out = export_drafter(str(DEFAULT_DRAFT_DIR), tmp_path / "zlab", dtype="float32", log=lambda s: None)

@@ -1,4 +1,5 @@
-"""Resolve a converter SOURCE (a local directory or a Hugging Face Hub repo id) to local files.
+"""Resolve a model or drafter reference (a local directory or a Hugging Face Hub repo id)
+to a local directory: the one place these rules live.
 
 Hub repos are fetched with `huggingface_hub.snapshot_download` into the normal Hugging Face
 cache (``HF_HUB_CACHE`` / ``HF_HOME``), with its progress bars. The token comes from the
@@ -12,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+
+from .errors import one_line
 
 __all__ = ["ResolvedSource", "resolve_source", "looks_like_repo_id",
            "SAFETENSORS_PATTERNS", "TORCH_PATTERNS"]
@@ -50,11 +53,6 @@ def looks_like_repo_id(source: str) -> bool:
     return bool(_REPO_ID.match(source)) and not source.startswith((".", "/", "~")) and ".." not in source
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def _download(repo_id: str, revision: Optional[str], patterns: Sequence[str], progress: bool) -> Path:
     import huggingface_hub
     from huggingface_hub import errors
@@ -82,19 +80,19 @@ def _download(repo_id: str, revision: Optional[str], patterns: Sequence[str], pr
         raise FileNotFoundError(f"the cached snapshot of {where} is incomplete and the Hub cannot be "
                                 "reached: download it again with network access") from None
     except errors.HFValidationError as e:
-        raise ValueError(f"{repo_id!r} is not a valid Hub repo id ({_one_line(e)})") from None
+        raise ValueError(f"{repo_id!r} is not a valid Hub repo id ({one_line(e)})") from None
     except errors.HfHubHTTPError as e:
-        raise OSError(f"could not download {where}: {_one_line(e)}") from None
+        raise OSError(f"could not download {where}: {one_line(e)}") from None
 
 
-def resolve_source(source: str, revision: Optional[str] = None, *, progress: bool = True,
-                   patterns: Sequence[str] = SAFETENSORS_PATTERNS,
+def resolve_source(source: str, revision: Optional[str] = None, *, what: str = "drafter",
+                   progress: bool = True, patterns: Sequence[str] = SAFETENSORS_PATTERNS,
                    fallback_patterns: Optional[Sequence[str]] = TORCH_PATTERNS) -> ResolvedSource:
     """A local directory as is, or a Hub repo id downloaded (cache first) to its snapshot folder.
 
     Hub downloads fetch `patterns`; if the snapshot then holds no ``*.safetensors``, the
     `fallback_patterns` (PyTorch state dicts) are fetched too, so a repo that has both
-    formats costs only the safetensors download.
+    formats costs only the safetensors download. `what` names the thing in errors.
     """
     path = Path(source).expanduser()
     if path.is_dir():
@@ -102,10 +100,11 @@ def resolve_source(source: str, revision: Optional[str] = None, *, progress: boo
             raise ValueError("--revision applies to Hub repos, not to a local directory")
         return ResolvedSource(path=path)
     if path.exists():
-        raise ValueError(f"{source} is a file: SOURCE must be a checkpoint directory "
-                         "(config.json + weights) or a Hub repo id")
+        raise ValueError(f"{source} is a file: a {what} is a directory (config.json + weights) "
+                         "or a Hub repo id")
     if not looks_like_repo_id(source):
-        raise FileNotFoundError(f"{source}: no such directory (and not a Hub repo id like owner/name)")
+        raise FileNotFoundError(f"{what} not found: {source} (no such directory, "
+                                "and not a Hub repo id like owner/name)")
     snapshot = _download(source, revision, patterns, progress)
     if fallback_patterns and not any(snapshot.glob("*.safetensors")):
         snapshot = _download(source, revision, fallback_patterns, progress)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from dflash_mlx.messages import apply_chat_template, read_prompt_file, user_messages
+
 DEFAULT_PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
     "Write a Python function that checks whether a string is a palindrome.",
@@ -92,9 +94,9 @@ def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
     too: it accepts nothing, so its speed is the loop's pure overhead."""
     import mlx.core as mx
 
-    from .drafter import Drafter, save_drafter
-    from .target import Target
-    from .train import default_mask_token_id, make_config
+    from dflash_mlx.drafter import Drafter, save_drafter
+    from dflash_mlx.target import Target
+    from dflash_mlx.train import default_mask_token_id, make_config
 
     mx.random.seed(seed)
     config = make_config(Target(model), num_layers=2, block_size=16, mask_token_id=default_mask_token_id(tokenizer))
@@ -109,9 +111,9 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
     "random" measures the loop's overhead with an untrained drafter."""
     import mlx_lm
 
-    from . import load, load_draft, stream_generate
-    from .defaults import default_model_path
-    from .loading import DEFAULT_DRAFT_DIR
+    from dflash_mlx import load, load_draft, stream_generate
+    from dflash_mlx.defaults import default_model_path
+    from dflash_mlx.loading import DEFAULT_DRAFT_DIR
 
     prompts = prompts or DEFAULT_PROMPTS
     model_dir = model_path or str(default_model_path())
@@ -140,7 +142,7 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
         methods["z-lab MLX (reference)"] = zlab
 
     def chat(text: str) -> list[int]:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return apply_chat_template(tokenizer, user_messages(text))
 
     results = {name: MethodResult(name) for name in methods}
     for run in methods.values():  # warm-up
@@ -192,13 +194,11 @@ def markdown_table(report: dict) -> str:
 
 
 def read_prompts(path: Path) -> list[str]:
-    """Prompts from a text file (one a line) or JSONL (a 'prompt' field per line)."""
-    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
-    if not lines:
+    """The user prompts of a prompt file (`dflash_mlx.messages.read_prompt_file`)."""
+    prompts = [r["messages"][-1]["content"] for r in read_prompt_file(path)]
+    if not prompts:
         raise ValueError(f"no prompts in {path}")
-    if lines[0].lstrip().startswith("{"):
-        return [json.loads(line)["prompt"] for line in lines]
-    return lines
+    return prompts
 
 
 def write_json(report: dict, path: Path) -> None:

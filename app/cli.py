@@ -1,0 +1,169 @@
+"""The `dflash` command line: generate, bench, convert, export, data, train, eval.
+
+Each command parses its options, calls the engine (`dflash_mlx`) or the converters, and
+prints. Expected failures (`dflash_mlx.errors.EXPECTED_ERRORS`) become one line on
+stderr and exit code 1. Heavy imports happen inside the commands so that `dflash --help`
+stays quick.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+
+from converters.convert import convert_drafter, convert_target_model, export_drafter
+from dflash_mlx.config import parse_layer_ids
+from dflash_mlx.errors import EXPECTED_ERRORS, one_line
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="DFlash speculative decoding on MLX.")
+
+
+@app.callback()
+def _group() -> None:
+    """DFlash speculative decoding on MLX."""
+
+
+def one_line_errors(fn: Callable) -> Callable:
+    """Turn expected failures into one clear line on stderr and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EXPECTED_ERRORS as e:
+            typer.secho(f"error: {one_line(e)}", err=True, fg="red")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted", err=True, fg="red")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.command()
+@one_line_errors
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The prompt (chat template applied)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Target model path or Hub repo (default: SmolLM2-135M-Instruct)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter path or Hub repo (default: the shipped one for the default model)."),
+    no_draft: bool = typer.Option(False, "--no-draft", help="Decode with the target alone."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-m"),
+    temp: float = typer.Option(0.0, "--temp"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    block_size: Optional[int] = typer.Option(None, "--block-size"),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
+) -> None:
+    """Generate text with DFlash speculative decoding and print the stats."""
+    from dflash_mlx import load, load_draft, stream_generate
+    from dflash_mlx.messages import apply_chat_template, user_messages
+    from dflash_mlx.speculative import format_stats
+
+    target, tokenizer = load(model)
+    drafter = None if no_draft else load_draft(draft, model=target)
+    if not raw and tokenizer.chat_template:
+        prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
+    last = None
+    for last in stream_generate(target, tokenizer, prompt, drafter, max_tokens=max_tokens, temp=temp,
+                                top_p=top_p, top_k=top_k, seed=seed, block_size=block_size, profile=True):
+        sys.stdout.write(last.text)
+        sys.stdout.flush()
+    print()
+    print("=" * 10)
+    if last is not None:
+        print(format_stats(last))
+
+
+@app.command()
+@one_line_errors
+def bench(
+    model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead)."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="A text file (one prompt a line) or JSONL with a 'prompt' field."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
+    block_size: Optional[int] = typer.Option(None, "--block-size"),
+    reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
+) -> None:
+    """Plain mlx-lm vs DFlash (vs z-lab's loop) on the same prompts, side by side."""
+    from rich.console import Console
+
+    from .bench import markdown_table, read_prompts, run_bench, write_json
+
+    console = Console(stderr=True)
+    with console.status("benchmarking") as status:
+        report = run_bench(model, draft, read_prompts(prompts) if prompts else None, max_tokens, block_size,
+                           reference, progress=lambda msg: status.update(msg))
+    print(markdown_table(report))
+    if json_out:
+        write_json(report, json_out)
+
+
+@app.command("convert")
+@one_line_errors
+def convert_command(
+    source: str = typer.Argument(..., help="Hub repo id (owner/name) or local checkpoint directory."),
+    output_dir: Path = typer.Argument(..., help="Directory to create (must not exist unless --force)."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16, bfloat16 or float32 (default: the checkpoint's)."),
+    quantize: bool = typer.Option(False, "-q", "--quantize", help="Quantize the linear layers."),
+    q_bits: int = typer.Option(4, "--q-bits", help="Bits per weight with -q (4 or 8)."),
+    q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size with -q."),
+    target: Optional[str] = typer.Option(None, "--target", help="Also check the drafter fits this target model (path, Hub repo or 'default')."),
+    target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids", help="Target layers the drafter reads, e.g. 1,9,17,25,33 (only for configs that lack them)."),
+    target_model: bool = typer.Option(False, "--target-model", help="SOURCE is a target LLM: convert it with mlx_lm.convert."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),
+) -> None:
+    """Convert a z-lab DFlash drafter (Hub repo or local directory; model.safetensors, sharded
+    safetensors or a PyTorch .bin / .pt state dict) into an MLX drafter directory.
+
+    Everything is checked before anything is written: the config, every tensor's name,
+    shape and dtype, and with --target the drafter/target pair. A config without
+    target_layer_ids is rejected (the ids are not guessed): pass --target-layer-ids.
+    Hub downloads use the Hugging Face cache and token; HF_HUB_OFFLINE=1 works from the
+    cache. With --target-model, SOURCE is a target LLM and mlx_lm.convert does the work.
+    """
+    if target_model:
+        if target or target_layer_ids:
+            raise ValueError("--target and --target-layer-ids apply to drafters, not to --target-model")
+        convert_target_model(source, output_dir, revision=revision, dtype=dtype, quantize=quantize,
+                             q_bits=q_bits, q_group_size=q_group_size, force=force)
+        return
+    convert_drafter(source, output_dir, revision=revision, dtype=dtype, quantize=quantize,
+                    q_bits=q_bits, q_group_size=q_group_size, target=target,
+                    target_layer_ids=parse_layer_ids(target_layer_ids), force=force)
+
+
+@app.command("export")
+@one_line_errors
+def export_command(
+    draft_dir: str = typer.Argument(..., help="MLX drafter directory (or Hub repo id)."),
+    output_dir: Path = typer.Argument(..., help="Directory to create (must not exist unless --force)."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="float16, bfloat16 or float32."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),
+) -> None:
+    """Export an MLX drafter to z-lab's PyTorch layout (for SGLang / vLLM / z-lab's loader)."""
+    export_drafter(draft_dir, output_dir, dtype=dtype, revision=revision, force=force)
+
+
+from dflash_mlx.train_cli import data_command, eval_command, train_command  # noqa: E402
+
+app.command("data")(one_line_errors(data_command))
+app.command("train")(one_line_errors(train_command))
+app.command("eval")(one_line_errors(eval_command))
+
+
+def main() -> None:
+    """The `dflash` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

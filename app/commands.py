@@ -1,0 +1,121 @@
+"""The chat's slash commands (`/help`, `/stats`, `/temp`, ...), one method each.
+
+They are a mixin of the app (`ChatApp` in `chat.py`) because each one drives its state,
+widgets and engine; `command` dispatches ``/name arg`` to ``cmd_name(arg)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import Markdown
+
+HELP = """\
+**Commands**
+
+- `/help` this help
+- `/stats` numbers of the last reply and of the whole session
+- `/clear` forget the conversation and its KV cache
+- `/temp X` sampling temperature (0 = greedy)
+- `/block N` drafter block size (`/block auto`: the drafter's own)
+- `/baseline` toggle target-only decoding, to feel the difference
+- `/save FILE` save the transcript as Markdown
+- `/load [MODEL] [DRAFT]` load another model (none given: the built-in default)
+
+**Keys**: `Enter` send · `Esc` stop the reply · `Ctrl+D` colour drafted tokens · `Ctrl+Q` or `Ctrl+C` quit
+"""
+
+
+class SlashCommands:
+    """`/name arg` -> ``cmd_name(arg)``; mixed into the app, whose attributes they use."""
+
+    async def command(self, line: str) -> None:
+        name, _, arg = line[1:].partition(" ")
+        handler = getattr(self, f"cmd_{name.lower()}", None)
+        if handler is None:
+            await self.note(f"Unknown command /{name}. /help lists the commands.", "error")
+            return
+        await handler(arg.strip())
+
+    async def cmd_help(self, arg: str) -> None:
+        widget = Markdown(HELP, classes="help")
+        await self.transcript.mount(widget)
+
+    async def cmd_clear(self, arg: str) -> None:
+        if self.busy:
+            await self.note("Press Esc to stop the reply before /clear.", "error")
+            return
+        self.session.clear()
+        self.last = None
+        await self.transcript.remove_children()
+        if self.engine is not None:
+            self.engine.clear()
+        await self.note("Conversation cleared (KV cache reset).")
+        self.refresh_stats()
+
+    async def cmd_temp(self, arg: str) -> None:
+        try:
+            value = float(arg)
+            if value < 0:
+                raise ValueError
+        except ValueError:
+            await self.note("Usage: /temp X  with X >= 0 (0 = greedy).", "error")
+            return
+        self.settings.temp = value
+        await self.note(f"Temperature set to {value:g}.")
+        self.refresh_stats()
+
+    async def cmd_block(self, arg: str) -> None:
+        if arg.lower() in ("auto", "default"):
+            self.settings.block_size = None
+        else:
+            try:
+                value = int(arg)
+                if value < 2:
+                    raise ValueError
+            except ValueError:
+                await self.note("Usage: /block N  with N >= 2, or /block auto.", "error")
+                return
+            self.settings.block_size = value
+        await self.note(f"Block size set to {self.settings.block_size or 'auto'}.")
+        self.refresh_stats()
+
+    async def cmd_baseline(self, arg: str) -> None:
+        if self.draft_name is None:
+            await self.note("No drafter is loaded: decoding is target-only already.", "error")
+            return
+        self.settings.baseline = not self.settings.baseline
+        if self.settings.baseline:
+            await self.note("Baseline on: the target decodes alone, one token per step.")
+        else:
+            await self.note("Baseline off: DFlash speculative decoding again.")
+        self.refresh_stats()
+
+    async def cmd_stats(self, arg: str) -> None:
+        header = [f"Model: {self.model_name or 'none'} · drafter: {self.draft_name or 'none'}",
+                  f"Settings: {self.settings.describe(self.has_draft)}"]
+        await self.note(self.session.stats(self.last, header))
+
+    async def cmd_save(self, arg: str) -> None:
+        path = Path(arg or "dflash-chat.md").expanduser()
+        try:
+            path.write_text(self.transcript_markdown(), encoding="utf-8")
+        except OSError as exc:
+            await self.note(f"Could not save the transcript: {exc}", "error")
+            return
+        await self.note(f"Transcript saved to {path}.")
+
+    async def cmd_load(self, arg: str) -> None:
+        if self.busy:
+            await self.note("Press Esc to stop the reply before /load.", "error")
+            return
+        model, _, draft = arg.partition(" ")
+        self.model_path, self.draft_path = model or None, draft.strip() or None
+        self.model_name = self.draft_name = None
+        self.session.messages.clear()
+        self.last = None
+        if self.engine is not None:
+            self.engine.load(self.model_path, self.draft_path)
+
+    async def cmd_quit(self, arg: str) -> None:
+        await self.action_quit()

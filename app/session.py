@@ -1,0 +1,93 @@
+"""The chat session as data: the messages the model sees, the transcript `/save` writes and
+the running totals `/stats` reports. No widgets and no engine here, so the rules (what a
+stopped reply leaves behind, how tau adds up over replies) read in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .engine import Snapshot
+from .widgets import summary_line
+
+_HEADINGS = {"you": "### You", "assistant": "### Assistant"}
+
+
+@dataclass
+class Totals:
+    """Sums over every finished reply of the session."""
+
+    replies: int = 0
+    tokens: int = 0
+    cycles: int = 0
+    committed: int = 0  # tokens committed by draft/verify cycles
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, s: Snapshot) -> None:
+        """Count one finished reply (its draft numbers only when it used the drafter)."""
+        self.replies += 1
+        self.tokens += s.generation_tokens
+        if not s.baseline:
+            self.cycles += s.cycles
+            self.committed += round(s.mean_acceptance * s.cycles)
+            self.drafted += s.drafted_tokens
+            self.accepted += s.accepted_drafted_tokens
+
+    def line(self) -> str:
+        tau = self.committed / self.cycles if self.cycles else 0.0
+        rate = self.accepted / self.drafted if self.drafted else 0.0
+        return (f"Session: {self.replies} replies, {self.tokens} tokens, τ {tau:.2f} over "
+                f"{self.cycles} blocks, drafted {self.drafted}, accepted {self.accepted} ({rate:.0%})")
+
+
+@dataclass
+class Session:
+    """One conversation: `messages` (without the system prompt) and the `log` of
+    ``(kind, text)`` entries (you, assistant, summary, info, error) for the transcript."""
+
+    messages: list[dict] = field(default_factory=list)
+    log: list[tuple[str, str]] = field(default_factory=list)
+    totals: Totals = field(default_factory=Totals)
+
+    def ask(self, text: str) -> None:
+        self.messages.append({"role": "user", "content": text})
+        self.log.append(("you", text))
+
+    def answer(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+        self.log.append(("assistant", text))
+
+    def drop_unanswered(self) -> None:
+        """Forget a question that got no answer, so the history keeps alternating."""
+        if self.messages and self.messages[-1]["role"] == "user":
+            self.messages.pop()
+
+    def clear(self) -> None:
+        self.messages.clear()
+        self.log.clear()
+
+    def stats(self, last: Snapshot | None, header: list[str]) -> str:
+        """The `/stats` text: `header` lines, the last reply, the session totals."""
+        lines = list(header)
+        if last is not None:
+            lines.append("Last reply: " + summary_line(last, ""))
+            if last.accepted_lengths and not last.baseline:
+                tail = " ".join(map(str, last.accepted_lengths[-24:]))
+                lines.append(f"Accepted per block (last {min(24, len(last.accepted_lengths))}): {tail}")
+        lines.append(self.totals.line())
+        return "\n".join(lines)
+
+    def markdown(self, model: str | None, draft: str | None, system: str | None) -> str:
+        """The transcript as Markdown (what `/save` writes)."""
+        out = ["# dflash-chat transcript", "", f"Model: {model or 'none'} · drafter: {draft or 'none'}", ""]
+        if system:
+            out += [f"**System:** {system}", ""]
+        for kind, text in self.log:
+            if kind in _HEADINGS:
+                out += [_HEADINGS[kind], "", text.strip(), ""]
+            elif kind == "summary":
+                out += [f"*{text}*", ""]
+            else:
+                out += [f"> {text}", ""]
+        return "\n".join(out)
