@@ -81,8 +81,10 @@ def _zlab_method(model_dir: str, draft_dir: Path, block: int, max_tokens: int) -
         draft = model_mlx.load_draft("local")
 
     def run(prompt: list[int]) -> tuple[list[list[int]], float, int, int]:
-        chunks, seconds, _ = _clock(model_mlx.stream_generate(model, draft, tokenizer, prompt, block_size=block,
-                                                              max_tokens=max_tokens), lambda r: list(r.tokens))
+        chunks, seconds, _ = _clock(
+            model_mlx.stream_generate(model, draft, tokenizer, prompt, block_size=block, max_tokens=max_tokens),
+            lambda r: list(r.tokens),
+        )
         cycles = [c for c in chunks[1:] if c]
         return chunks, seconds, len(cycles), sum(map(len, cycles))
 
@@ -104,9 +106,15 @@ def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
     return path
 
 
-def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None, prompts: Optional[list[str]] = None,
-              max_tokens: int = 128, block_size: Optional[int] = None, reference: bool = True,
-              progress: Optional[Callable[[str], None]] = None) -> dict:
+def run_bench(
+    model_path: Optional[str] = None,
+    draft_path: Optional[str] = None,
+    prompts: Optional[list[str]] = None,
+    max_tokens: int = 128,
+    block_size: Optional[int] = None,
+    reference: bool = True,
+    progress: Optional[Callable[[str], None]] = None,
+) -> dict:
     """Benchmark and return a JSON-able report with one row per method. `draft_path`
     "random" measures the loop's overhead with an untrained drafter."""
     import mlx_lm
@@ -120,20 +128,30 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
     model, tokenizer = load(model_dir)
     if draft_path == "random":
         with tempfile.TemporaryDirectory(prefix="dflash-random-drafter-") as tmp:
-            return run_bench(model_dir, str(_random_drafter(model, tokenizer, Path(tmp))), prompts,
-                             max_tokens, block_size, reference, progress)
+            return run_bench(
+                model_dir,
+                str(_random_drafter(model, tokenizer, Path(tmp))),
+                prompts,
+                max_tokens,
+                block_size,
+                reference,
+                progress,
+            )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     drafter = load_draft(draft_path, model=model)
     block = block_size or drafter.config.block_size
 
     def plain(prompt):
-        chunks, seconds, _ = _clock(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens),
-                                    lambda r: [r.token])
+        chunks, seconds, _ = _clock(
+            mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens), lambda r: [r.token]
+        )
         return chunks, seconds, 0, 0
 
     def ours(prompt):
-        chunks, seconds, last = _clock(stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens,
-                                                       block_size=block), lambda r: [r.token])
+        chunks, seconds, last = _clock(
+            stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=block),
+            lambda r: [r.token],
+        )
         return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths)
 
     methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours}
@@ -150,7 +168,7 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
     for i, text in enumerate(prompts):
         prompt = chat(text)
         order = list(methods.items())
-        order = order[i % len(order):] + order[: i % len(order)]  # who goes first rotates
+        order = order[i % len(order) :] + order[: i % len(order)]  # who goes first rotates
         for name, run in order:  # interleaved, so noise hits all methods alike
             if progress:
                 progress(f"prompt {i + 1}/{len(prompts)}: {name}")
@@ -166,15 +184,25 @@ def run_bench(model_path: Optional[str] = None, draft_path: Optional[str] = None
     rows = []
     for r in results.values():
         same = all(a[: len(b)] == b[: len(a)] for a, b in zip(r.outputs, base.outputs))
-        rows.append({
-            "method": r.name, "tokens": r.tokens, "seconds": round(r.seconds, 3),
-            "tokens_per_second": round(r.tokens_per_second, 2),
-            "speedup": round(r.tokens_per_second / base.tokens_per_second, 2),
-            "tau": round(r.tau, 2) if r.tau else None,
-            "same_tokens_as_mlx_lm": same,
-        })
-    return {"model": model_dir, "draft": str(draft_dir), "block_size": block,
-            "max_tokens": max_tokens, "prompts": len(prompts), "results": rows}
+        rows.append(
+            {
+                "method": r.name,
+                "tokens": r.tokens,
+                "seconds": round(r.seconds, 3),
+                "tokens_per_second": round(r.tokens_per_second, 2),
+                "speedup": round(r.tokens_per_second / base.tokens_per_second, 2),
+                "tau": round(r.tau, 2) if r.tau else None,
+                "same_tokens_as_mlx_lm": same,
+            }
+        )
+    return {
+        "model": model_dir,
+        "draft": str(draft_dir),
+        "block_size": block,
+        "max_tokens": max_tokens,
+        "prompts": len(prompts),
+        "results": rows,
+    }
 
 
 def markdown_table(report: dict) -> str:
@@ -188,8 +216,10 @@ def markdown_table(report: dict) -> str:
     ]
     for r in report["results"]:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
-        lines.append(f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} | "
-                     f"{'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |")
+        lines.append(
+            f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} | "
+            f"{'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -203,5 +233,3 @@ def read_prompts(path: Path) -> list[str]:
 
 def write_json(report: dict, path: Path) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
-
-

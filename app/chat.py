@@ -220,8 +220,7 @@ class ChatApp(SlashCommands, App):
             self.model_name, self.draft_name = event.model, event.draft
             self.sub_title = event.model + (f" + {event.draft}" if event.draft else "")
             await self.note(
-                f"Loaded {event.model}"
-                + (f" with {event.draft}." if event.draft else " (no drafter: target-only).")
+                f"Loaded {event.model}" + (f" with {event.draft}." if event.draft else " (no drafter: target-only).")
             )
             panel.hide_progress()
             if not self.busy:
@@ -305,9 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def app_from_args(argv: list[str] | None = None) -> ChatApp:
     args = build_parser().parse_args(argv)
-    settings = Settings(temp=args.temp, top_p=args.top_p, top_k=args.top_k,
-                        block_size=args.block_size, max_tokens=args.max_tokens,
-                        baseline=args.no_draft)
+    settings = Settings(
+        temp=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        block_size=args.block_size,
+        max_tokens=args.max_tokens,
+        baseline=args.no_draft,
+    )
     return ChatApp(model=args.model, draft=args.draft, settings=settings, system=args.system)
 
 

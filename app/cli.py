@@ -48,8 +48,12 @@ def one_line_errors(fn: Callable) -> Callable:
 @one_line_errors
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The prompt (chat template applied)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Target model path or Hub repo (default: SmolLM2-135M-Instruct)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter path or Hub repo (default: the shipped one for the default model)."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Target model path or Hub repo (default: SmolLM2-135M-Instruct)."
+    ),
+    draft: Optional[str] = typer.Option(
+        None, "--draft", help="Drafter path or Hub repo (default: the shipped one for the default model)."
+    ),
     no_draft: bool = typer.Option(False, "--no-draft", help="Decode with the target alone."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-m"),
     temp: float = typer.Option(0.0, "--temp"),
@@ -70,8 +74,19 @@ def generate(
     if not raw and tokenizer.chat_template:
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
     last = None
-    for last in stream_generate(target, tokenizer, prompt, drafter, max_tokens=max_tokens, temp=temp,
-                                top_p=top_p, top_k=top_k, seed=seed, block_size=block_size, profile=True):
+    for last in stream_generate(
+        target,
+        tokenizer,
+        prompt,
+        drafter,
+        max_tokens=max_tokens,
+        temp=temp,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        block_size=block_size,
+        profile=True,
+    ):
         sys.stdout.write(last.text)
         sys.stdout.flush()
     print()
@@ -84,8 +99,14 @@ def generate(
 @one_line_errors
 def bench(
     model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead)."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="A text file (one prompt a line) or JSONL with a 'prompt' field."),
+    draft: Optional[str] = typer.Option(
+        None,
+        "--draft",
+        help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead).",
+    ),
+    prompts: Optional[Path] = typer.Option(
+        None, "--prompts", help="A text file (one prompt a line) or JSONL with a 'prompt' field."
+    ),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
     block_size: Optional[int] = typer.Option(None, "--block-size"),
     reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
@@ -98,8 +119,15 @@ def bench(
 
     console = Console(stderr=True)
     with console.status("benchmarking") as status:
-        report = run_bench(model, draft, read_prompts(prompts) if prompts else None, max_tokens, block_size,
-                           reference, progress=lambda msg: status.update(msg))
+        report = run_bench(
+            model,
+            draft,
+            read_prompts(prompts) if prompts else None,
+            max_tokens,
+            block_size,
+            reference,
+            progress=lambda msg: status.update(msg),
+        )
     print(markdown_table(report))
     if json_out:
         write_json(report, json_out)
@@ -111,13 +139,23 @@ def convert_command(
     source: str = typer.Argument(..., help="Hub repo id (owner/name) or local checkpoint directory."),
     output_dir: Path = typer.Argument(..., help="Directory to create (must not exist unless --force)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16, bfloat16 or float32 (default: the checkpoint's)."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help="float16, bfloat16 or float32 (default: the checkpoint's)."
+    ),
     quantize: bool = typer.Option(False, "-q", "--quantize", help="Quantize the linear layers."),
     q_bits: int = typer.Option(4, "--q-bits", help="Bits per weight with -q (4 or 8)."),
     q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size with -q."),
-    target: Optional[str] = typer.Option(None, "--target", help="Also check the drafter fits this target model (path, Hub repo or 'default')."),
-    target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids", help="Target layers the drafter reads, e.g. 1,9,17,25,33 (only for configs that lack them)."),
-    target_model: bool = typer.Option(False, "--target-model", help="SOURCE is a target LLM: convert it with mlx_lm.convert."),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="Also check the drafter fits this target model (path, Hub repo or 'default')."
+    ),
+    target_layer_ids: Optional[str] = typer.Option(
+        None,
+        "--target-layer-ids",
+        help="Target layers the drafter reads, e.g. 1,9,17,25,33 (only for configs that lack them).",
+    ),
+    target_model: bool = typer.Option(
+        False, "--target-model", help="SOURCE is a target LLM: convert it with mlx_lm.convert."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),
 ) -> None:
     """Convert a z-lab DFlash drafter (Hub repo or local directory; model.safetensors, sharded
@@ -132,12 +170,29 @@ def convert_command(
     if target_model:
         if target or target_layer_ids:
             raise ValueError("--target and --target-layer-ids apply to drafters, not to --target-model")
-        convert_target_model(source, output_dir, revision=revision, dtype=dtype, quantize=quantize,
-                             q_bits=q_bits, q_group_size=q_group_size, force=force)
+        convert_target_model(
+            source,
+            output_dir,
+            revision=revision,
+            dtype=dtype,
+            quantize=quantize,
+            q_bits=q_bits,
+            q_group_size=q_group_size,
+            force=force,
+        )
         return
-    convert_drafter(source, output_dir, revision=revision, dtype=dtype, quantize=quantize,
-                    q_bits=q_bits, q_group_size=q_group_size, target=target,
-                    target_layer_ids=parse_layer_ids(target_layer_ids), force=force)
+    convert_drafter(
+        source,
+        output_dir,
+        revision=revision,
+        dtype=dtype,
+        quantize=quantize,
+        q_bits=q_bits,
+        q_group_size=q_group_size,
+        target=target,
+        target_layer_ids=parse_layer_ids(target_layer_ids),
+        force=force,
+    )
 
 
 @app.command("export")

@@ -92,8 +92,10 @@ class SlashCommands:
         self.refresh_stats()
 
     async def cmd_stats(self, arg: str) -> None:
-        header = [f"Model: {self.model_name or 'none'} · drafter: {self.draft_name or 'none'}",
-                  f"Settings: {self.settings.describe(self.has_draft)}"]
+        header = [
+            f"Model: {self.model_name or 'none'} · drafter: {self.draft_name or 'none'}",
+            f"Settings: {self.settings.describe(self.has_draft)}",
+        ]
         await self.note(self.session.stats(self.last, header))
 
     async def cmd_save(self, arg: str) -> None:

@@ -39,9 +39,7 @@ class Settings:
         mode = "baseline (target only)" if self.baseline or not has_draft else "DFlash"
         size = self.block_size or block_in_use or "auto"
         block = "" if self.baseline or not has_draft else f" B={size}"
-        return (
-            f"{mode}{block} · T={self.temp:g} · top-p {self.top_p:g} · max {self.max_tokens}"
-        )
+        return f"{mode}{block} · T={self.temp:g} · top-p {self.top_p:g} · max {self.max_tokens}"
 
 
 # --------------------------------------------------------------------------- events
@@ -259,8 +257,7 @@ class Engine:
         except Exception as exc:
             self._emit(
                 Failed(
-                    f"Drafter unavailable ({describe_error(exc)}); "
-                    "continuing with target-only decoding.",
+                    f"Drafter unavailable ({describe_error(exc)}); continuing with target-only decoding.",
                     "draft",
                 )
             )

@@ -37,8 +37,10 @@ class Totals:
     def line(self) -> str:
         tau = self.committed / self.cycles if self.cycles else 0.0
         rate = self.accepted / self.drafted if self.drafted else 0.0
-        return (f"Session: {self.replies} replies, {self.tokens} tokens, τ {tau:.2f} over "
-                f"{self.cycles} blocks, drafted {self.drafted}, accepted {self.accepted} ({rate:.0%})")
+        return (
+            f"Session: {self.replies} replies, {self.tokens} tokens, τ {tau:.2f} over "
+            f"{self.cycles} blocks, drafted {self.drafted}, accepted {self.accepted} ({rate:.0%})"
+        )
 
 
 @dataclass

@@ -47,10 +47,7 @@ def summary_line(s: Snapshot, reason: str) -> str:
         parts.append("baseline (target only)")
     else:
         parts.append(f"τ {s.mean_acceptance:.2f} over {s.cycles} blocks")
-        parts.append(
-            f"accepted {s.accepted_drafted_tokens}/{s.drafted_tokens} drafted"
-            f" ({s.acceptance_rate:.0%})"
-        )
+        parts.append(f"accepted {s.accepted_drafted_tokens}/{s.drafted_tokens} drafted ({s.acceptance_rate:.0%})")
     parts.append(prompt_text(s))
     parts.append(f"peak {s.peak_memory:.2f} GB")
     if reason == "stopped":

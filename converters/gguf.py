@@ -94,9 +94,7 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)$")
 # --------------------------------------------------------------------------- weights
 
 
-def dequantize_tensor(
-    tensors: dict[str, mx.array], name: str, dtype: mx.Dtype = mx.float32
-) -> mx.array:
+def dequantize_tensor(tensors: dict[str, mx.array], name: str, dtype: mx.Dtype = mx.float32) -> mx.array:
     """Return GGUF tensor ``name`` (e.g. ``"blk.0.attn_q"``) as a dense ``dtype`` array.
 
     Quantized tensors are expanded with :func:`mlx.core.dequantize` (group size 32; the
@@ -245,8 +243,7 @@ def _write_tokenizer(out: Path, meta: dict[str, Any], config: dict[str, Any]) ->
     """tokenizer.json, tokenizer_config.json and generation_config.json from the metadata."""
     tokenizer, special = build_tokenizer(meta)
     tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json",
-                tokenizer_config(meta, special, config["max_position_embeddings"]))
+    _write_json(out / "tokenizer_config.json", tokenizer_config(meta, special, config["max_position_embeddings"]))
     generation: dict[str, Any] = {"eos_token_id": config.get("eos_token_id")}
     for k in ("bos_token_id", "pad_token_id"):
         if k in config:
@@ -300,7 +297,12 @@ def import_gguf(
             bar.note("tokenizer")
             _write_tokenizer(tmp, meta, config)
             bar.advance("tokenizer")
-        marker = {"format": _IMPORT_FORMAT, "source": str(src), "source_bytes": src.stat().st_size,
-                  "dtype": dtype, "name": meta.get("general.name")}
+        marker = {
+            "format": _IMPORT_FORMAT,
+            "source": str(src),
+            "source_bytes": src.stat().st_size,
+            "dtype": dtype,
+            "name": meta.get("general.name"),
+        }
         _write_json(tmp / MARKER_FILE, marker)  # last: its presence means complete
     return out

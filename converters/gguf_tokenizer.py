@@ -30,9 +30,7 @@ def _pre_tokenizer(pre: str | None) -> Any:
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in _DIGIT_SPLIT_PRE:
-        return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     if pre is None or pre in _PLAIN_GPT2_PRE:
         return byte_level
     raise GGUFImportError(f"unsupported GGUF pre-tokenizer {pre!r}")

@@ -17,9 +17,11 @@ __all__ = ["check_config", "parse_config", "parse_layer_ids"]
 
 # dflash_config fields z-lab's reference honours that the MLX drafter does not implement,
 # with the values that mean "off".
-_UNSUPPORTED_FIELDS = {"input_embedding_scale": (None, 1, 1.0),
-                       "output_multiplier": (None, 1, 1.0),
-                       "final_logit_softcapping": (None, 0, 0.0)}
+_UNSUPPORTED_FIELDS = {
+    "input_embedding_scale": (None, 1, 1.0),
+    "output_multiplier": (None, 1, 1.0),
+    "final_logit_softcapping": (None, 0, 0.0),
+}
 
 
 def _dflash_value(raw: dict, name: str) -> Any:
@@ -28,8 +30,12 @@ def _dflash_value(raw: dict, name: str) -> Any:
     return sub[name] if name in sub else raw.get(name)
 
 
-def parse_config(raw: dict, target_layer_ids: Optional[Sequence[int]] = None,
-                 require_layer_ids: bool = True, check_ranges: bool = True) -> tuple[DrafterConfig, dict]:
+def parse_config(
+    raw: dict,
+    target_layer_ids: Optional[Sequence[int]] = None,
+    require_layer_ids: bool = True,
+    check_ranges: bool = True,
+) -> tuple[DrafterConfig, dict]:
     """Parse and sanity-check a drafter config.json dict.
 
     Unlike the loader, a conversion does not guess `target_layer_ids` (z-lab's default
@@ -45,20 +51,24 @@ def parse_config(raw: dict, target_layer_ids: Optional[Sequence[int]] = None,
     arch = raw.get("architectures")
     if arch and "DFlashDraftModel" not in arch:
         if any("DFlash2" in str(a) for a in arch):
-            raise ValueError(f"config.json architectures {arch}: DFlash v2 drafters are not supported "
-                             "(mlx-dflash runs DFlash v1, DFlashDraftModel)")
-        raise ValueError(f"config.json architectures {arch} is not a DFlash drafter "
-                         "(expected DFlashDraftModel)")
+            raise ValueError(
+                f"config.json architectures {arch}: DFlash v2 drafters are not supported "
+                "(mlx-dflash runs DFlash v1, DFlashDraftModel)"
+            )
+        raise ValueError(f"config.json architectures {arch} is not a DFlash drafter (expected DFlashDraftModel)")
     present = _dflash_value(raw, "target_layer_ids")
     if target_layer_ids is not None:
         ids = [int(i) for i in target_layer_ids]
         if present is not None and list(present) != ids:
-            raise ValueError(f"config.json already sets target_layer_ids {list(present)}; "
-                             f"--target-layer-ids {ids} disagrees")
+            raise ValueError(
+                f"config.json already sets target_layer_ids {list(present)}; --target-layer-ids {ids} disagrees"
+            )
         raw.setdefault("dflash_config", {})["target_layer_ids"] = ids
     elif present is None and require_layer_ids:
-        raise ValueError("config.json has no target_layer_ids (dflash_config.target_layer_ids): "
-                         "pass --target-layer-ids with the target layers the drafter was trained on")
+        raise ValueError(
+            "config.json has no target_layer_ids (dflash_config.target_layer_ids): "
+            "pass --target-layer-ids with the target layers the drafter was trained on"
+        )
     for name, off in _UNSUPPORTED_FIELDS.items():
         value = _dflash_value(raw, name)
         if value not in off:
@@ -74,14 +84,25 @@ def parse_config(raw: dict, target_layer_ids: Optional[Sequence[int]] = None,
 def check_config(cfg: DrafterConfig, check_ranges: bool = True) -> None:
     """Raise a one-line ValueError naming the first field of `cfg` that cannot work. With
     `check_ranges`, the layer ids must lie in num_target_layers and the mask in the vocabulary."""
-    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "intermediate_size", "vocab_size", "num_target_layers", "head_dim", "block_size"):
+    for name in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "vocab_size",
+        "num_target_layers",
+        "head_dim",
+        "block_size",
+    ):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"config.json {name} must be a positive integer, got {value!r}")
     if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise ValueError(f"config.json num_attention_heads {cfg.num_attention_heads} is not a multiple "
-                         f"of num_key_value_heads {cfg.num_key_value_heads}")
+        raise ValueError(
+            f"config.json num_attention_heads {cfg.num_attention_heads} is not a multiple "
+            f"of num_key_value_heads {cfg.num_key_value_heads}"
+        )
     if cfg.block_size < 2:
         raise ValueError(f"config.json block_size must be at least 2, got {cfg.block_size}")
     ids = cfg.target_layer_ids
@@ -90,28 +111,28 @@ def check_config(cfg: DrafterConfig, check_ranges: bool = True) -> None:
     if check_ranges:
         _check_ranges(cfg)
     if len(cfg.layer_types) != cfg.num_hidden_layers:
-        raise ValueError(f"config.json layer_types has {len(cfg.layer_types)} entries for "
-                         f"{cfg.num_hidden_layers} layers")
+        raise ValueError(
+            f"config.json layer_types has {len(cfg.layer_types)} entries for {cfg.num_hidden_layers} layers"
+        )
     unknown = sorted(set(cfg.layer_types) - {"full_attention", "sliding_attention"})
     if unknown:
         raise ValueError(f"config.json layer_types: unsupported {unknown}")
-    if "sliding_attention" in cfg.layer_types and not (
-            isinstance(cfg.sliding_window, int) and cfg.sliding_window > 0):
+    if "sliding_attention" in cfg.layer_types and not (isinstance(cfg.sliding_window, int) and cfg.sliding_window > 0):
         raise ValueError(f"config.json has sliding_attention layers but sliding_window is {cfg.sliding_window!r}")
 
 
 def _check_ranges(cfg: DrafterConfig) -> None:
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < cfg.num_target_layers]
     if bad:
-        raise ValueError(f"config.json target_layer_ids {bad} out of range for "
-                         f"num_target_layers {cfg.num_target_layers}")
+        raise ValueError(
+            f"config.json target_layer_ids {bad} out of range for num_target_layers {cfg.num_target_layers}"
+        )
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
-        raise ValueError(f"config.json mask_token_id {cfg.mask_token_id} is outside "
-                         f"vocab_size {cfg.vocab_size}")
+        raise ValueError(f"config.json mask_token_id {cfg.mask_token_id} is outside vocab_size {cfg.vocab_size}")
 
 
 def parse_layer_ids(text: Optional[str], option: str = "--target-layer-ids") -> Optional[list[int]]:
-    """"1,9,17,25,33" (spaces or brackets allowed) -> [1, 9, 17, 25, 33]; None -> None.
+    """ "1,9,17,25,33" (spaces or brackets allowed) -> [1, 9, 17, 25, 33]; None -> None.
     Anything else is a one-line ValueError naming `option`."""
     if text is None:
         return None

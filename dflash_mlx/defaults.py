@@ -17,8 +17,14 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-__all__ = ["DEFAULT_MODEL_PROVIDER", "SHIPPED_DRAFTER", "cache_dir", "default_model_path",
-           "register_default_model", "shipped_drafter_dir"]
+__all__ = [
+    "DEFAULT_MODEL_PROVIDER",
+    "SHIPPED_DRAFTER",
+    "cache_dir",
+    "default_model_path",
+    "register_default_model",
+    "shipped_drafter_dir",
+]
 
 #: The module that provides the default target model when no provider is registered.
 DEFAULT_MODEL_PROVIDER = "converters.default_model"
@@ -68,8 +74,9 @@ def default_model_path() -> Path:
         try:
             importlib.import_module(DEFAULT_MODEL_PROVIDER)
         except ImportError as e:
-            raise RuntimeError(f"no default model: {DEFAULT_MODEL_PROVIDER} cannot be imported ({e}); "
-                               "pass a model path or Hub repo") from None
+            raise RuntimeError(
+                f"no default model: {DEFAULT_MODEL_PROVIDER} cannot be imported ({e}); pass a model path or Hub repo"
+            ) from None
     if _provider is None:
         raise RuntimeError(f"no default model: {DEFAULT_MODEL_PROVIDER} registered none; pass a model path")
     return _provider()

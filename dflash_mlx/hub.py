@@ -16,8 +16,7 @@ from typing import Optional, Sequence
 
 from .errors import one_line
 
-__all__ = ["ResolvedSource", "resolve_source", "looks_like_repo_id",
-           "SAFETENSORS_PATTERNS", "TORCH_PATTERNS"]
+__all__ = ["ResolvedSource", "resolve_source", "looks_like_repo_id", "SAFETENSORS_PATTERNS", "TORCH_PATTERNS"]
 
 #: What a drafter download needs first (safetensors checkpoints, plain or sharded).
 SAFETENSORS_PATTERNS = ["*.json", "*.safetensors", "*.md"]
@@ -33,9 +32,9 @@ class ResolvedSource:
     """Where a SOURCE's files are on this machine, and where they came from."""
 
     path: Path
-    repo_id: Optional[str] = None      # None for a local directory
-    revision: Optional[str] = None     # as asked (branch, tag or commit), Hub only
-    commit: Optional[str] = None       # the snapshot's commit hash, Hub only
+    repo_id: Optional[str] = None  # None for a local directory
+    revision: Optional[str] = None  # as asked (branch, tag or commit), Hub only
+    commit: Optional[str] = None  # the snapshot's commit hash, Hub only
 
     @property
     def is_hub(self) -> bool:
@@ -63,31 +62,43 @@ def _download(repo_id: str, revision: Optional[str], patterns: Sequence[str], pr
         disable_progress_bars()
     where = f"{repo_id}" + (f" (revision {revision})" if revision else "")
     try:
-        return Path(huggingface_hub.snapshot_download(
-            repo_id, revision=revision, allow_patterns=list(patterns)))
+        return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=list(patterns)))
     except errors.RevisionNotFoundError:
         raise ValueError(f"revision {revision!r} not found in Hub repo {repo_id}") from None
     except errors.GatedRepoError:
-        raise ValueError(f"Hub repo {repo_id} is gated: accept its terms on huggingface.co and log in "
-                         "(huggingface-cli login or HF_TOKEN)") from None
+        raise ValueError(
+            f"Hub repo {repo_id} is gated: accept its terms on huggingface.co and log in "
+            "(huggingface-cli login or HF_TOKEN)"
+        ) from None
     except errors.RepositoryNotFoundError:
-        raise FileNotFoundError(f"Hub repo {repo_id} not found (or private: log in with "
-                                "huggingface-cli login or set HF_TOKEN)") from None
+        raise FileNotFoundError(
+            f"Hub repo {repo_id} not found (or private: log in with huggingface-cli login or set HF_TOKEN)"
+        ) from None
     except errors.LocalEntryNotFoundError:
-        raise FileNotFoundError(f"{where} is not in the Hugging Face cache and the Hub cannot be "
-                                "reached (HF_HUB_OFFLINE is set or there is no network)") from None
+        raise FileNotFoundError(
+            f"{where} is not in the Hugging Face cache and the Hub cannot be "
+            "reached (HF_HUB_OFFLINE is set or there is no network)"
+        ) from None
     except errors.IncompleteSnapshotError:
-        raise FileNotFoundError(f"the cached snapshot of {where} is incomplete and the Hub cannot be "
-                                "reached: download it again with network access") from None
+        raise FileNotFoundError(
+            f"the cached snapshot of {where} is incomplete and the Hub cannot be "
+            "reached: download it again with network access"
+        ) from None
     except errors.HFValidationError as e:
         raise ValueError(f"{repo_id!r} is not a valid Hub repo id ({one_line(e)})") from None
     except errors.HfHubHTTPError as e:
         raise OSError(f"could not download {where}: {one_line(e)}") from None
 
 
-def resolve_source(source: str, revision: Optional[str] = None, *, what: str = "drafter",
-                   progress: bool = True, patterns: Sequence[str] = SAFETENSORS_PATTERNS,
-                   fallback_patterns: Optional[Sequence[str]] = TORCH_PATTERNS) -> ResolvedSource:
+def resolve_source(
+    source: str,
+    revision: Optional[str] = None,
+    *,
+    what: str = "drafter",
+    progress: bool = True,
+    patterns: Sequence[str] = SAFETENSORS_PATTERNS,
+    fallback_patterns: Optional[Sequence[str]] = TORCH_PATTERNS,
+) -> ResolvedSource:
     """A local directory as is, or a Hub repo id downloaded (cache first) to its snapshot folder.
 
     Hub downloads fetch `patterns`; if the snapshot then holds no ``*.safetensors``, the
@@ -100,11 +111,11 @@ def resolve_source(source: str, revision: Optional[str] = None, *, what: str = "
             raise ValueError("--revision applies to Hub repos, not to a local directory")
         return ResolvedSource(path=path)
     if path.exists():
-        raise ValueError(f"{source} is a file: a {what} is a directory (config.json + weights) "
-                         "or a Hub repo id")
+        raise ValueError(f"{source} is a file: a {what} is a directory (config.json + weights) or a Hub repo id")
     if not looks_like_repo_id(source):
-        raise FileNotFoundError(f"{what} not found: {source} (no such directory, "
-                                "and not a Hub repo id like owner/name)")
+        raise FileNotFoundError(
+            f"{what} not found: {source} (no such directory, and not a Hub repo id like owner/name)"
+        )
     snapshot = _download(source, revision, patterns, progress)
     if fallback_patterns and not any(snapshot.glob("*.safetensors")):
         snapshot = _download(source, revision, fallback_patterns, progress)

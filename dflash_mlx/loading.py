@@ -30,8 +30,13 @@ def load(path_or_repo: Optional[str] = None, **kwargs: Any) -> tuple[nn.Module, 
     if path_or_repo is None:
         path = default_model_path()
     else:
-        path = resolve_source(str(path_or_repo), kwargs.pop("revision", None), what="model",
-                              patterns=DEFAULT_ALLOW_PATTERNS, fallback_patterns=None).path
+        path = resolve_source(
+            str(path_or_repo),
+            kwargs.pop("revision", None),
+            what="model",
+            patterns=DEFAULT_ALLOW_PATTERNS,
+            fallback_patterns=None,
+        ).path
     return mlx_lm.load(str(path), **kwargs)
 
 
@@ -49,6 +54,7 @@ def load_draft(path_or_repo: Optional[str] = None, model: Optional[nn.Module] = 
     drafter = load_drafter_dir(path)
     if model is not None:
         target = Target(model)
-        check_fit(drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size,
-                  vocab_size=target.vocab_size)
+        check_fit(
+            drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
+        )
     return drafter

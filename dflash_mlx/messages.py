@@ -73,6 +73,11 @@ def read_prompt_file(path: str | Path) -> list[dict]:
             rec = line
         if isinstance(rec, str):
             rec = {"prompt": rec}
-        out.append({"id": str(rec.get("id", f"{path.stem}/{i}")), "source": str(rec.get("source", path.stem)),
-                    "messages": _record_messages(rec, where)})
+        out.append(
+            {
+                "id": str(rec.get("id", f"{path.stem}/{i}")),
+                "source": str(rec.get("source", path.stem)),
+                "messages": _record_messages(rec, where),
+            }
+        )
     return out
