@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install -q
 RUNTIME := $(VENV)/.runtime
 DEV := $(VENV)/.dev
 
-.PHONY: chat test bench install clean
+.PHONY: chat test test-fast lint bench install clean
 
 # OpenBLAS makes MLX's CPU backend ~25x faster on Linux (see dflash_mlx/blas.py); best effort.
 $(RUNTIME): pyproject.toml Makefile
@@ -35,8 +35,16 @@ install: $(RUNTIME)
 chat: $(RUNTIME)
 	$(VENV)/bin/dflash-chat
 
-test: $(DEV)
+test: lint
 	$(PY) -m pytest -q
+
+# The quick tests only (no real decoding at length, no training): under a minute.
+test-fast: $(DEV)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(DEV)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(RUNTIME)
 	$(VENV)/bin/dflash bench

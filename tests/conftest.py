@@ -1,6 +1,7 @@
-"""Shared test fixtures.
+"""Shared test fixtures, the test drafter for the default target, and the `slow` marker.
 
 `dflash_mlx` is imported before anything pulls in `mlx`, so OpenBLAS is preloaded.
+Test modules import the helpers here as ``from conftest import ...`` (tests/ is on the path).
 """
 
 from __future__ import annotations
@@ -9,6 +10,48 @@ from pathlib import Path
 
 import dflash_mlx  # noqa: F401  (must come before the first `import mlx`)
 import pytest
+
+from dflash_mlx.drafter import DrafterConfig
+
+#: The default target's dimensions (SmolLM2-135M-Instruct) that a drafter must match.
+SMOLLM2 = dict(hidden_size=576, vocab_size=49152, num_target_layers=30)
+
+#: Modules whose tests take more than a few seconds (real decoding at length, training,
+#: z-lab's torch reference): `make test-fast` (pytest -m "not slow") leaves them out.
+SLOW_MODULES = {
+    "test_lossless.py",
+    "test_sampling.py",
+    "test_reference_parity.py",
+    "test_bench.py",
+    "test_train.py",
+    "test_train_distributed.py",
+    "test_app_real.py",
+}
+
+
+def smollm2_drafter_config(**overrides) -> DrafterConfig:
+    """A small one-layer drafter that fits the default target (9 heads of 64, 3 KV heads,
+    MLP 64, feature layers 3 and 27, mask token 4, block size 8); `overrides` change fields."""
+    fields = dict(
+        SMOLLM2,
+        num_hidden_layers=1,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        intermediate_size=64,
+        target_layer_ids=[3, 27],
+        mask_token_id=4,
+        block_size=8,
+        rope_theta=100_000.0,
+    )
+    fields.update(overrides)
+    return DrafterConfig(**fields)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,12 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests import zlab_reference as zr
 
+from conftest import SMOLLM2
+
 # Fits the built-in default target, SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49152).
-HIDDEN = 576
-N_TARGET = 30
-VOCAB = 49152
+HIDDEN = SMOLLM2["hidden_size"]
+N_TARGET = SMOLLM2["num_target_layers"]
+VOCAB = SMOLLM2["vocab_size"]
 IDS = [1, 15, 27]
 MASK = 49151
 

@@ -172,7 +172,8 @@ async def test_multi_turn_prefills_only_the_new_message():
         assert backend.calls[0]["prompt"][:len("<system>")] == [ord(c) for c in "<system>"]
         first_summary, second_summary = notes(app, "summary")
         assert "reused" not in first_summary
-        assert f"prompt {second['prefilled']} tok (+{len(second['prompt']) - second['prefilled']} reused)" in second_summary
+        reused = len(second["prompt"]) - second["prefilled"]
+        assert f"prompt {second['prefilled']} tok (+{reused} reused)" in second_summary
 
 
 @run_async

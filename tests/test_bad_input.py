@@ -24,17 +24,9 @@ from dflash_mlx import generate_step, load_draft, stream_generate
 from dflash_mlx.drafter import Drafter, DrafterConfig, save_drafter
 from dflash_mlx.target import SUPPORTED_MODEL_TYPES, Target
 
+from conftest import smollm2_drafter_config as smol_config
+
 PROMPT = [1, 9690, 28, 905, 30]  # any short token list: the checks come before the forward
-
-
-def smol_config(**overrides) -> DrafterConfig:
-    """A small drafter that fits the default target (SmolLM2: hidden 576, 30 layers,
-    vocab 49152), with the given fields changed."""
-    base = dict(hidden_size=576, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
-                head_dim=64, intermediate_size=64, vocab_size=49152, num_target_layers=30,
-                target_layer_ids=[3, 27], mask_token_id=4, block_size=8, rope_theta=100_000.0)
-    base.update(overrides)
-    return DrafterConfig(**base)
 
 
 def make_drafter(config: DrafterConfig) -> Drafter:

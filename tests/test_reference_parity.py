@@ -27,6 +27,8 @@ from dflash_mlx import load_draft, stream_generate
 from dflash_mlx.drafter import build_drafter
 from dflash_mlx.target import Target
 
+from conftest import SMOLLM2
+
 try:
     import zlab_reference as zr
 except ImportError:  # tests/ imported as a package
@@ -131,7 +133,7 @@ def test_drafter_matches_zlab_torch_over_growing_context(name):
 
     # The block sits right after the context: positions 9, 10, 14, 16, 22.
     assert starts == list(np.cumsum([n for n, _ in STEPS]))
-    for i, (f, e) in enumerate(steps):
+    for i, (_, e) in enumerate(steps):
         assert hidden[i].shape == (1, e.shape[1], spec["hidden_size"])
         assert _max_diff(hidden[i], ref_hidden[i]) < TOL, f"{name}: step {i} hidden"
         assert _max_diff(logits[i], ref_logits[i]) < TOL, f"{name}: step {i} logits"
@@ -190,9 +192,8 @@ SMOL_IDS = [2, 14, 27]  # the same for every drafter: z-lab hooks the target onl
 
 def _smol_config(mask_token_id: int = 4) -> dict:
     return zr.zlab_config(
-        hidden_size=576, num_layers=2, num_heads=9, num_kv_heads=3, head_dim=64,
-        intermediate_size=1536, vocab_size=49152, block_size=16, num_target_layers=30,
-        target_layer_ids=SMOL_IDS, mask_token_id=mask_token_id, rope_theta=100_000.0)
+        **SMOLLM2, num_layers=2, num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=1536,
+        block_size=16, target_layer_ids=SMOL_IDS, mask_token_id=mask_token_id, rope_theta=100_000.0)
 
 
 @pytest.fixture(scope="module")
