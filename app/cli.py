@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import typer
 
-from converters.convert import convert_drafter, convert_target_model, export_drafter
+from converters.convert import ConvertOptions, convert_drafter, convert_target_model, export_drafter
 from dflash_mlx.config import parse_layer_ids
 from dflash_mlx.errors import EXPECTED_ERRORS, one_line
 
@@ -74,19 +74,8 @@ def generate(
     if not raw and tokenizer.chat_template:
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
     last = None
-    for last in stream_generate(
-        target,
-        tokenizer,
-        prompt,
-        drafter,
-        max_tokens=max_tokens,
-        temp=temp,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        block_size=block_size,
-        profile=True,
-    ):
+    options = dict(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, seed=seed, block_size=block_size)
+    for last in stream_generate(target, tokenizer, prompt, drafter, profile=True, **options):
         sys.stdout.write(last.text)
         sys.stdout.flush()
     print()
@@ -167,32 +156,13 @@ def convert_command(
     Hub downloads use the Hugging Face cache and token; HF_HUB_OFFLINE=1 works from the
     cache. With --target-model, SOURCE is a target LLM and mlx_lm.convert does the work.
     """
+    options = ConvertOptions(revision, dtype, quantize, q_bits, q_group_size, force)
     if target_model:
         if target or target_layer_ids:
             raise ValueError("--target and --target-layer-ids apply to drafters, not to --target-model")
-        convert_target_model(
-            source,
-            output_dir,
-            revision=revision,
-            dtype=dtype,
-            quantize=quantize,
-            q_bits=q_bits,
-            q_group_size=q_group_size,
-            force=force,
-        )
-        return
-    convert_drafter(
-        source,
-        output_dir,
-        revision=revision,
-        dtype=dtype,
-        quantize=quantize,
-        q_bits=q_bits,
-        q_group_size=q_group_size,
-        target=target,
-        target_layer_ids=parse_layer_ids(target_layer_ids),
-        force=force,
-    )
+        convert_target_model(source, output_dir, options)
+    else:
+        convert_drafter(source, output_dir, options, target=target, target_layer_ids=parse_layer_ids(target_layer_ids))
 
 
 @app.command("export")

@@ -3,14 +3,12 @@ it came from, what it is, the command that made it and how to use it."""
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
-from typing import Optional, Sequence
 
 from dflash_mlx.drafter import DrafterConfig
 from dflash_mlx.hub import ResolvedSource
 
-__all__ = ["build_convert_command", "model_card", "size_text"]
+__all__ = ["model_card", "size_text"]
 
 _CARD = """\
 ---
@@ -84,36 +82,6 @@ def model_card(
         mask=cfg.mask_token_id,
         command=command,
     )
-
-
-def build_convert_command(
-    source: str,
-    output_dir: str,
-    *,
-    revision: Optional[str] = None,
-    dtype: Optional[str] = None,
-    quantize: bool = False,
-    q_bits: int = 4,
-    q_group_size: int = 64,
-    target: Optional[str] = None,
-    target_layer_ids: Optional[Sequence[int]] = None,
-    target_model: bool = False,
-) -> str:
-    """The canonical `dflash convert` command line for these options (for the model card)."""
-    args = ["dflash", "convert", source, output_dir]
-    if target_model:
-        args.append("--target-model")
-    if revision:
-        args += ["--revision", revision]
-    if dtype:
-        args += ["--dtype", dtype]
-    if quantize:
-        args += ["-q", "--q-bits", str(q_bits), "--q-group-size", str(q_group_size)]
-    if target:
-        args += ["--target", target]
-    if target_layer_ids:
-        args += ["--target-layer-ids", ",".join(map(str, target_layer_ids))]
-    return shlex.join(args)
 
 
 def size_text(n_bytes: int) -> str:

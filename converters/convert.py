@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -42,20 +42,19 @@ from dflash_mlx.drafter import Drafter, DrafterConfig, check_fit, read_config
 from dflash_mlx.errors import one_line
 from dflash_mlx.hub import ResolvedSource, resolve_source
 
-from .card import build_convert_command, model_card, size_text
+from .card import model_card, size_text
 from .checkpoint import FLOAT_DTYPES, Checkpoint, open_checkpoint, validate_tensors
+from .options import ConvertOptions, check_output
 
 __all__ = [
     "convert_drafter",
     "export_drafter",
     "convert_target_model",
-    "check_output",
+    "ConvertOptions",
     "check_target",
 ]
 
 Log = Callable[[str], None]
-Q_BITS = (2, 3, 4, 5, 6, 8)
-Q_GROUP_SIZES = (32, 64, 128)
 
 
 def _stderr(message: str) -> None:
@@ -63,55 +62,8 @@ def _stderr(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Checks
-# ---------------------------------------------------------------------------
-
-
-def check_output(output_dir: Path, force: bool, sources: Sequence[Path] = ()) -> None:
-    """Fail early (before any download) if OUTPUT_DIR exists without --force, or would
-    replace one of the inputs (OUTPUT_DIR equal to an input, or an input inside it)."""
-    out = Path(output_dir).expanduser()
-    if out.exists() and not force:
-        raise FileExistsError(f"{output_dir} already exists (pass --force to replace it)")
-    o = out.resolve()
-    for s in sources:
-        s = Path(s).resolve()
-        if o == s or s.is_relative_to(o):
-            raise ValueError(f"OUTPUT_DIR {output_dir} would replace the input {s}: choose another directory")
-
-
-# ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-
-def _check_dtype(dtype: Optional[str], option: str = "--dtype") -> None:
-    if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{option} must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
-
-
-def _check_quant(q_bits: int, q_group_size: int) -> None:
-    if q_bits not in Q_BITS:
-        raise ValueError(f"--q-bits must be one of {', '.join(map(str, Q_BITS))}, got {q_bits}")
-    if q_group_size not in Q_GROUP_SIZES:
-        raise ValueError(f"--q-group-size must be one of {', '.join(map(str, Q_GROUP_SIZES))}, got {q_group_size}")
-
-
-def _check_request(
-    source: str,
-    out: Path,
-    force: bool,
-    dtype: Optional[str],
-    quantize: bool = False,
-    q_bits: int = 4,
-    q_group_size: int = 64,
-) -> None:
-    """The option and output checks every command makes before it reads anything."""
-    _check_dtype(dtype)
-    if quantize:
-        _check_quant(q_bits, q_group_size)
-    local = Path(source).expanduser()
-    check_output(out, force, [local] if local.exists() else [])
 
 
 def _output_config(cfg, raw: dict, dtype: str) -> dict:
@@ -190,15 +142,14 @@ class _Source:
 def _open_source(
     source: str,
     out: Path,
-    force: bool,
+    options: ConvertOptions,
     *,
-    revision: Optional[str] = None,
     target_layer_ids: Optional[Sequence[int]] = None,
     require_layer_ids: bool = True,
 ) -> _Source:
     """Resolve SOURCE and validate its config and every tensor, before anything is written."""
-    src = resolve_source(source, revision)
-    check_output(out, force, [src.path])
+    src = resolve_source(source, options.revision)
+    check_output(out, options.force, [src.path])
     cfg, raw = parse_config(read_config(src.path), target_layer_ids, require_layer_ids=require_layer_ids)
     ckpt = open_checkpoint(src.path)
     dropped = validate_tensors(ckpt.tensors, cfg, raw.get("quantization"))
@@ -233,27 +184,22 @@ def _mlx_arrays(source: _Source, dtype: str, quant: Optional[dict]) -> dict:
 def convert_drafter(
     source: str,
     output_dir: str | Path,
+    options: ConvertOptions = ConvertOptions(),
     *,
-    revision: Optional[str] = None,
-    dtype: Optional[str] = None,
-    quantize: bool = False,
-    q_bits: int = 4,
-    q_group_size: int = 64,
     target: Optional[str] = None,
     target_layer_ids: Optional[Sequence[int]] = None,
-    force: bool = False,
     command: Optional[str] = None,
     log: Log = _stderr,
 ) -> Path:
     """Convert a z-lab-layout drafter (Hub repo id or directory) into an MLX drafter
     directory. See the module docstring; returns the output path."""
     out = Path(output_dir).expanduser()
-    _check_request(source, out, force, dtype, quantize, q_bits, q_group_size)
-    s = _open_source(source, out, force, revision=revision, target_layer_ids=target_layer_ids)
-    if s.quantization and quantize:
+    options.check(source, out)
+    s = _open_source(source, out, options, target_layer_ids=target_layer_ids)
+    if s.quantization and options.quantize:
         raise ValueError("the source drafter is already quantized; convert without -q")
     src_dtype = s.ckpt.dtype() or "unknown"
-    dtype = dtype or (src_dtype if src_dtype in FLOAT_DTYPES else "float32")
+    dtype = options.dtype or (src_dtype if src_dtype in FLOAT_DTYPES else "float32")
     log(
         f"{s.src.describe()}: {s.ckpt.kind}, {len(s.ckpt.tensors)} tensors ({src_dtype}), "
         f"{s.cfg.num_hidden_layers}-layer drafter, hidden {s.cfg.hidden_size}: valid"
@@ -264,59 +210,43 @@ def convert_drafter(
         check_target(s.cfg, target)
         log(f"fits target {target}")
 
-    quant = s.quantization or ({"group_size": q_group_size, "bits": q_bits} if quantize else None)
+    quant = s.quantization or options.quantization
     arrays = _mlx_arrays(s, dtype, quant)
     config = _output_config(s.cfg, s.raw, dtype)
     if quant:
         config["quantization"] = dict(quant)
     weights_text = dtype + (f", {quant['bits']}-bit quantized (group size {quant['group_size']})" if quant else "")
     if command is None:
-        command = build_convert_command(
-            source,
-            str(output_dir),
-            revision=revision,
-            dtype=dtype,
-            quantize=quantize,
-            q_bits=q_bits,
-            q_group_size=q_group_size,
-            target=target,
-            target_layer_ids=target_layer_ids,
+        command = replace(options, dtype=dtype).command_line(
+            source, str(output_dir), target=target, target_layer_ids=target_layer_ids
         )
     card = model_card(
         out=out, src=s.src, fmt=s.ckpt.kind, src_dtype=src_dtype, weights=weights_text, cfg=s.cfg, command=command
     )
-    _write_drafter(out, force, arrays, config, "mlx", card)
+    _write_drafter(out, options.force, arrays, config, "mlx", card)
     log(f"wrote {out} ({weights_text}, {size_text(sum(a.nbytes for a in arrays.values()))})")
     return out
 
 
 def convert_target_model(
-    source: str,
-    output_dir: str | Path,
-    *,
-    revision: Optional[str] = None,
-    dtype: Optional[str] = None,
-    quantize: bool = False,
-    q_bits: int = 4,
-    q_group_size: int = 64,
-    force: bool = False,
-    log: Log = _stderr,
+    source: str, output_dir: str | Path, options: ConvertOptions = ConvertOptions(), *, log: Log = _stderr
 ) -> Path:
     """Convert a target LLM with `mlx_lm.convert` (nothing re-implemented), written atomically."""
     out = Path(output_dir).expanduser()
-    _check_request(source, out, force, dtype, quantize, q_bits, q_group_size)
+    options.check(source, out)
     import mlx_lm  # its public `mlx_lm.convert` function
 
-    with atomic_directory(out, overwrite=force) as tmp:
+    with atomic_directory(out, overwrite=options.force) as tmp:
         staged = tmp / "model"
+        q = options.quantization or {}
         mlx_lm.convert(
             hf_path=source,
             mlx_path=str(staged),
-            quantize=quantize,
-            q_group_size=q_group_size if quantize else None,
-            q_bits=q_bits if quantize else None,
-            dtype=dtype,
-            revision=revision,
+            quantize=options.quantize,
+            q_group_size=q.get("group_size"),
+            q_bits=q.get("bits"),
+            dtype=options.dtype,
+            revision=options.revision,
         )
         if not staged.is_dir():
             raise RuntimeError(f"mlx_lm.convert wrote nothing for {source}")
@@ -345,8 +275,9 @@ def export_drafter(
     ``architectures: ["DFlashDraftModel"]`` and ``model.safetensors`` in `dtype` with the
     same keys. Quantized weights are dequantized."""
     out = Path(output_dir).expanduser()
-    _check_request(draft, out, force, dtype)
-    s = _open_source(draft, out, force, revision=revision, require_layer_ids=False)
+    options = ConvertOptions(revision=revision, dtype=dtype, force=force)
+    options.check(draft, out)
+    s = _open_source(draft, out, options, require_layer_ids=False)
     weights = s.weights()
     quant = s.quantization
     if quant:
@@ -362,6 +293,6 @@ def export_drafter(
         log(f"dequantized {quant['bits']}-bit weights")
     arrays = {k: v.astype(getattr(mx, dtype)) for k, v in sorted(weights.items())}
     mx.eval(arrays)
-    _write_drafter(out, force, arrays, _output_config(s.cfg, s.raw, dtype), "pt")
+    _write_drafter(out, options.force, arrays, _output_config(s.cfg, s.raw, dtype), "pt")
     log(f"wrote {out}: z-lab layout, {len(arrays)} tensors ({dtype})")
     return out
