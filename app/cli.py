@@ -178,7 +178,7 @@ def export_command(
     export_drafter(draft_dir, output_dir, dtype=dtype, revision=revision, force=force)
 
 
-from dflash_mlx.train_cli import data_command, eval_command, train_command  # noqa: E402
+from app.train_cli import data_command, eval_command, train_command  # noqa: E402
 
 app.command("data")(one_line_errors(data_command))
 app.command("train")(one_line_errors(train_command))

@@ -179,25 +179,28 @@ class Attention(nn.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
 
-    def _keys_values(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
-        keys = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=offset)
-        return keys, self._heads(self.v_proj(x), self.n_kv_heads)
+    def context_kv(self, context: mx.array, offset: int = 0) -> tuple[mx.array, mx.array]:
+        """Keys (rotated at positions offset..) and values (N, kv_heads, L, head_dim) of
+        projected context tokens (N, L, hidden): the same projections as the block's."""
+        keys = self.rope(self.k_norm(self._heads(self.k_proj(context), self.n_kv_heads)), offset=offset)
+        return keys, self._heads(self.v_proj(context), self.n_kv_heads)
 
     def append_context(self, context: mx.array, cache: KVCache) -> None:
         """Project new context tokens once; they sit at their own positions."""
-        cache.update_and_fetch(*self._keys_values(context, cache.offset))
+        cache.update_and_fetch(*self.context_kv(context, cache.offset))
 
-    def __call__(self, x: mx.array, cache: KVCache, mask: Optional[mx.array]) -> mx.array:
-        B, L, _ = x.shape
-        ctx_k, ctx_v = cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
-        start = cache.offset  # the block follows the context
-        q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
-        k, v = self._keys_values(x, start)
+    def __call__(self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array,
+                 mask: Optional[mx.array]) -> mx.array:
+        """x: (N, B, hidden) blocks at positions offset .. offset+B-1 (`offset` an int or an
+        (N,) array, one per block); context: keys and values (N, kv_heads, L, head_dim)."""
+        N, L, _ = x.shape
+        q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=offset)
+        k, v = self.context_kv(x, offset)
         # The block's own K/V are used once and never cached: no rollback needed.
-        keys = mx.concatenate([ctx_k, k], axis=2)
-        values = mx.concatenate([ctx_v, v], axis=2)
+        keys = mx.concatenate([context[0], k], axis=2)
+        values = mx.concatenate([context[1], v], axis=2)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
 
 
 class MLP(nn.Module):
@@ -219,8 +222,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, cache, mask):
-        h = x + self.self_attn(self.input_layernorm(x), cache, mask)
+    def __call__(self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array,
+                 mask: Optional[mx.array]) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), context, offset, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -253,11 +257,14 @@ class Drafter(nn.Module):
         """One context K/V cache per layer."""
         return [KVCache() for _ in self.layers]
 
+    def project_context(self, features: mx.array) -> mx.array:
+        """Raw concatenated target layer outputs (..., len(ids) * hidden) -> the context
+        every layer reads (..., hidden). It does not pass through the layers' input_layernorm."""
+        return self.hidden_norm(self.fc(features))
+
     def append_context(self, features: mx.array, cache: Sequence[KVCache]) -> None:
-        """Add context tokens: features (1, n, len(ids) * hidden) are the raw concatenated
-        target layer outputs. The projected context is the same for every layer and does
-        not pass through the layers' input_layernorm."""
-        context = self.hidden_norm(self.fc(features))
+        """Add context tokens: features (1, n, len(ids) * hidden), projected once."""
+        context = self.project_context(features)
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(context, c)
 
@@ -281,7 +288,8 @@ class Drafter(nn.Module):
             masks["sliding_attention"] = sliding_window_mask(start, length, cfg.sliding_window, causal)
         h = block_embeddings
         for layer, kind, c in zip(self.layers, cfg.layer_types, cache):
-            h = layer(h, c, masks.get(kind))
+            context = (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])
+            h = layer(h, context, start, masks.get(kind))
         return self.norm(h)
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dflash_mlx.data import (chat_prompts, collect_prompts, math_prompts, read_prompt_file, split_heldout,
+from dflash_mlx.train.prompts import (chat_prompts, collect_prompts, math_prompts, read_prompt_file, split_heldout,
                              stdlib_prompts)
 
 

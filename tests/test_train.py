@@ -14,8 +14,13 @@ from mlx_lm.models import llama
 
 from dflash_mlx.drafter import Drafter, load_drafter_dir, save_drafter
 from dflash_mlx.target import Target
-from dflash_mlx.train import (block_mask, drafter_train_forward, loss_weights, make_batch, make_config,
-                              sample_anchors, target_features)
+from dflash_mlx.train.features import target_pass
+from dflash_mlx.train.initialize import make_config
+from dflash_mlx.train.objective import block_forward, context_mask, loss_weights, make_batch, sample_anchors
+
+
+def target_features(target, tokens, layer_ids):
+    return target_pass(target, tokens, layer_ids, top_k=2)[0]
 
 
 def tiny_target(vocab=64, layers=4, hidden=32, seed=0):
@@ -58,11 +63,11 @@ def test_train_forward_matches_inference_for_every_block():
     tokens = rng.integers(0, 60, size=40).tolist()
     anchors = [3, 4, 11, 20, 31]  # adjacent and overlapping blocks, one reaching past the end
     feats = target_features(target, mx.array([tokens]), drafter.config.target_layer_ids)
-    block_tokens = mx.array([sum(([tokens[a]] + [drafter.config.mask_token_id] * (B - 1) for a in anchors), [])])
-    h = drafter_train_forward(drafter, feats, target.embed(block_tokens), mx.array([anchors]))
+    block_tokens = mx.array([[tokens[a]] + [drafter.config.mask_token_id] * (B - 1) for a in anchors])
+    h = block_forward(drafter, feats, target.embed(block_tokens), mx.array([anchors]))
     for j, a in enumerate(anchors):
         ref = inference_block(drafter, target, tokens, a)
-        got = h[:, j * B:(j + 1) * B]
+        got = h[j : j + 1]
         assert mx.abs(got - ref).max().item() < 1e-5, (j, a)
 
 
@@ -72,29 +77,26 @@ def test_train_forward_batched_sequences_match_single():
     target = Target(model, drafter.config.target_layer_ids)
     rng = np.random.default_rng(1)
     seqs = [(rng.integers(0, 60, size=n).tolist(), 5) for n in (30, 22, 37)]
-    batch = make_batch(seqs, drafter.config.block_size, 4, drafter.config.mask_token_id, rng)
+    batch, kept, _ = make_batch(seqs, drafter.config.block_size, 4, drafter.config.mask_token_id, rng)
+    assert kept == [0, 1, 2]
     batch.features = target_features(target, batch.tokens, drafter.config.target_layer_ids)
-    h = drafter_train_forward(drafter, batch.features, target.embed(batch.block_tokens), batch.anchors)
-    B = drafter.config.block_size
+    h = block_forward(drafter, batch.features, target.embed(batch.block_tokens), batch.anchors)
+    A = batch.anchors.shape[1]
     for s, (toks, _) in enumerate(seqs):
         for j, a in enumerate(np.array(batch.anchors[s]).tolist()):
             ref = inference_block(drafter, target, toks, a)
-            assert mx.abs(h[s:s + 1, j * B:(j + 1) * B] - ref).max().item() < 1e-5
+            assert mx.abs(h[s * A + j : s * A + j + 1] - ref).max().item() < 1e-5
 
 
-def test_block_mask_sees_exactly_context_before_anchor_and_own_block():
+def test_context_mask_sees_exactly_context_before_anchor_and_own_block():
     anchors = mx.array([[2, 5, 9]])
     L, B = 12, 4
-    m = np.array(block_mask(anchors, L, B))[0, 0]
-    assert m.shape == (3 * B, L + 3 * B)
-    for q in range(3 * B):
-        j = q // B
-        a = [2, 5, 9][j]
-        ctx = m[q, :L]
-        assert ctx[:a].all() and not ctx[a:].any()          # strictly before the anchor
-        own = m[q, L:].reshape(3, B)
-        assert own[j].all()                                   # the whole own block, both ways
-        assert not np.delete(own, j, axis=0).any()            # no other block
+    m = np.array(context_mask(anchors, L, B))[:, 0, 0]
+    assert m.shape == (3, L + B)
+    for j, a in enumerate([2, 5, 9]):
+        ctx = m[j, :L]
+        assert ctx[:a].all() and not ctx[a:].any()  # strictly before the anchor
+        assert m[j, L:].all()  # the whole own block, both ways
 
 
 def test_sample_anchors_in_answer_and_labels_same_position():
@@ -107,11 +109,12 @@ def test_sample_anchors_in_answer_and_labels_same_position():
     assert sample_anchors(7, 9, 10, rng).tolist() == [7]
     assert len(sample_anchors(7, 8, 10, rng)) == 0
     toks = list(range(100, 120))
-    b = make_batch([(toks, 5)], 4, 3, 99, rng)
+    b, _, pos = make_batch([(toks, 5)], 4, 3, 99, rng)
     anchors = np.array(b.anchors)[0]
-    block = np.array(b.block_tokens)[0].reshape(-1, 4)
-    labels = np.array(b.labels)[0].reshape(-1, 4)
-    valid = np.array(b.valid)[0].reshape(-1, 4)
+    block = np.array(b.block_tokens)
+    labels = np.array(b.labels)
+    valid = np.array(b.valid)
+    assert (pos[0, :, 0] == anchors).all()
     for j, a in enumerate(anchors):
         assert block[j, 0] == toks[a] and (block[j, 1:] == 99).all()
         for k in range(1, 4):
@@ -164,7 +167,7 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
     import dflash_mlx.loading as loading
     from dflash_mlx.speculative import GenerationStats
     from dflash_mlx.speculative import generate_step as generate_dflash
-    from dflash_mlx.train import TrainArgs, train
+    from dflash_mlx.train.loop import TrainArgs, train
 
     model = tiny_target(vocab=48, layers=4, hidden=32)
 
@@ -221,7 +224,7 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
 
 
 def test_checkpoint_and_resume(tmp_path, monkeypatch):
-    from dflash_mlx.train import TrainArgs, train
+    from dflash_mlx.train.loop import TrainArgs, train
 
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
@@ -239,15 +242,15 @@ def test_checkpoint_and_resume(tmp_path, monkeypatch):
     assert state["step"] == 5 and state["seen"] == 10
 
 
-def test_data_vocabulary_loss_with_sampled_negatives(tmp_path, monkeypatch):
-    """--loss-vocab data: logits over the data's tokens plus sampled others; labels map into it."""
-    from dflash_mlx.train import TrainArgs, train
+def test_sampled_vocabulary_loss(tmp_path, monkeypatch):
+    """--loss-vocab sampled: logits over the batch's labels and teacher tokens plus sampled others."""
+    from dflash_mlx.train.loop import TrainArgs, train
 
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=20)
     result = train(TrainArgs(data=str(data), out=str(tmp_path / "d"), num_layers=1, target_layer_ids=[1, 3],
                              block_size=4, batch_size=2, num_anchors=4, progress=False, max_steps=4, log_every=1,
-                             loss_vocab="data", negatives=8), log=lambda s: None)
+                             loss_vocab="sampled", negatives=8), log=lambda s: None)
     assert result["step"] == 4 and all(np.isfinite(h["loss"]) for h in result["history"])
 
 

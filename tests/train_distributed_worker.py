@@ -21,7 +21,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 import dflash_mlx.loading as loading
-from dflash_mlx.train import TrainArgs, train
+from dflash_mlx.train.loop import TrainArgs, train
 from test_train import TinyTok, tiny_target  # this script's folder, tests/, is on sys.path
 
 

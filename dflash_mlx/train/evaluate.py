@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .data import collect_prompts, encode_prompt, read_prompt_file
+from .data import encode_prompt
+from .prompts import collect_prompts, read_prompt_file
 
 
 def read_eval_prompts(path: str | Path) -> list[dict]:
@@ -34,7 +35,7 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
              log: Optional[Callable[[str], None]] = None) -> dict:
     """Run every prompt at every temperature; returns
     {temp: {source: {tau, histogram, cycles, tokens, seconds}, "all": {...}}}."""
-    from .speculative import stream_generate
+    from ..speculative import stream_generate
 
     results: dict = {}
     for temp in temps:

@@ -1,0 +1,15 @@
+"""Drafter training: self-distillation data, cached target features, the objective, the loop.
+
+- `prompts`: offline prompt sources and the held-out split;
+- `data`: the target answers its own prompts (`dflash data`);
+- `features`: target features and top-K distributions, computed once, kept on disk;
+- `initialize`: the drafter's config and first weights (warm start from the target);
+- `objective`: anchored blocks, the block-parallel forward, the losses;
+- `loop`: optimiser, schedule, checkpoints and exact resume (`dflash train`);
+- `evaluate`: acceptance length on held-out prompts (`dflash eval`).
+"""
+
+from .initialize import default_mask_token_id, make_config, warm_start
+from .loop import TrainArgs, Trainer, train
+
+__all__ = ["TrainArgs", "Trainer", "default_mask_token_id", "make_config", "train", "warm_start"]

@@ -1,0 +1,476 @@
+"""The training loop: data order, optimiser, schedule, checkpoints, held-out tau.
+
+The target is frozen and never runs inside a step: its features and top-K distribution
+come from the on-disk `FeatureStore`, filled once before training (and for sequences
+appended to the data since, at each epoch). A step samples anchors in a batch of
+sequences, runs every block through the drafter in one forward (`objective`), and takes
+one AdamW step. Everything a step draws at random comes from a generator seeded by
+(seed, step, rank), and the epoch order from (seed, epoch): `--resume` continues exactly
+where a checkpoint left off. Data-parallel over `mx.distributed` ranks (`mlx.launch`):
+each rank takes its share of every batch and gradients are averaged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..drafter import Drafter, load_drafter_dir, save_drafter
+from ..target import Target
+from .data import load_sequences
+from .features import FeatureStore, fill_store
+from .initialize import default_mask_token_id, make_config, rms_fc_init, warm_start
+from .objective import Batch, block_acceptance, block_forward, distill_loss, loss_weights, make_batch
+
+
+@dataclass
+class TrainArgs:
+    data: str
+    out: str
+    model: Optional[str] = None
+    num_layers: int = 5
+    target_layer_ids: Optional[list[int]] = None
+    block_size: int = 16
+    mask_token_id: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    gamma: Optional[float] = None
+    init: str = "warm"  # "warm": copy target layers; "cold": random + data-dependent fc
+    distill: float = 0.5  # weight of the distillation term (0: hard labels only)
+    top_k: int = 8  # teacher tokens kept per position
+    features: Optional[str] = None  # feature cache directory (default: beside the data)
+    batch_size: int = 4  # sequences per step (over all ranks)
+    num_anchors: int = 32  # blocks per sequence
+    max_len: int = 1024
+    epochs: float = 1.0
+    max_steps: Optional[int] = None
+    time_limit: Optional[float] = None  # seconds; the schedule is planned for max_steps
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    adam_beta2: float = 0.95  # 0.999 lets the huge first gradients freeze later steps
+    grad_clip: float = 1.0
+    loss_vocab: str = "full"  # "full", or "sampled": the batch's labels + teacher tokens + negatives
+    negatives: int = 2048  # with loss_vocab "sampled": other tokens drawn afresh each step
+    checkpoint_every: int = 200  # steps
+    checkpoint_minutes: float = 5.0
+    eval_minutes: float = 0.0  # held-out greedy tau every this many minutes (0: never)
+    eval_prompts: int = 8
+    eval_tokens: int = 64
+    seed: int = 0
+    resume: bool = False
+    log_every: int = 10
+    progress: bool = True
+
+
+@dataclass
+class TrainState:
+    """Where a run is; saved with every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    pos: int = 0  # sequences of this epoch already used
+    epoch_size: int = 0
+    seen: int = 0  # sequences
+    positions: int = 0  # labelled block positions trained on
+    elapsed: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainState":
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def save_checkpoint(out: Path, drafter: Drafter, optimizer: optim.Optimizer, state: TrainState, args: TrainArgs
+                    ) -> None:
+    """`out` stays a loadable drafter; `out/checkpoint` (also a drafter) adds the optimiser
+    and the state. The checkpoint directory is replaced whole, so a crash mid-write leaves
+    the previous one."""
+    tmp = out / "checkpoint.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_drafter(drafter, tmp)
+    # not *.safetensors: the checkpoint directory itself stays a loadable drafter
+    mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(optimizer.state)))
+    (tmp / "state.json").write_text(json.dumps({**asdict(state), "args": asdict(args)}, indent=2) + "\n")
+    ck, old = out / "checkpoint", out / "checkpoint.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if ck.exists():
+        ck.rename(old)
+    tmp.rename(ck)
+    shutil.rmtree(old, ignore_errors=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(ck / name, out / f".{name}.tmp")
+        os.replace(out / f".{name}.tmp", out / name)
+
+
+def lr_at(args: TrainArgs, step: int, total: int, elapsed: float) -> float:
+    """Warmup then cosine over the run's progress (steps, or time under --time-limit)."""
+    frac = step / total
+    if args.time_limit:
+        frac = max(frac, elapsed / args.time_limit) if args.max_steps else elapsed / args.time_limit
+    frac = min(frac, 1.0)
+    if frac < args.warmup:
+        return args.lr * max(frac / args.warmup, 0.01)
+    t = (frac - args.warmup) / max(1e-9, 1 - args.warmup)
+    lo = args.lr * args.min_lr_ratio
+    return lo + 0.5 * (args.lr - lo) * (1 + math.cos(math.pi * t))
+
+
+def head_weight(target: Target) -> Optional[mx.array]:
+    """The (vocab, hidden) output matrix when it is a plain float matrix, else None."""
+    layer = target.body.embed_tokens if target.tied else target.model.lm_head
+    w = getattr(layer, "weight", None)
+    return None if w is None or hasattr(layer, "scales") else w
+
+
+def loss_fn(drafter: Drafter, target: Target, batch: Batch, weights: mx.array, distill: float,
+            vocab: Optional[mx.array] = None, head: Optional[mx.array] = None
+            ) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+    """Position-weighted (1 - distill) * cross-entropy + distill * distillation. With
+    `vocab` (sorted ids) and `head`, logits cover that vocabulary only and the batch's
+    labels / teacher ids are indices into it. Returns (loss, (correct, valid))."""
+    emb = mx.stop_gradient(target.embed(batch.block_tokens))
+    h = block_forward(drafter, batch.features, emb, batch.anchors)  # (N, B, hidden)
+    logits = h @ head[vocab].T if vocab is not None else target.lm_head(h)
+    N, B, V = logits.shape
+    per = nn.losses.cross_entropy(logits, batch.labels, reduction="none")  # (N, B)
+    if distill > 0:
+        kd = distill_loss(logits.reshape(N * B, V), batch.teacher_ids.reshape(N * B, -1),
+                          batch.teacher_logits.reshape(N * B, -1)).reshape(N, B)
+        per = (1 - distill) * per + distill * kd
+    w = weights[None] * batch.valid
+    loss = (per * w).sum() / mx.maximum(w.sum(), 1e-9)
+    correct = (mx.argmax(logits, axis=-1) == batch.labels).astype(mx.float32) * batch.valid
+    return loss, (mx.stop_gradient(correct), batch.valid)
+
+
+class Trainer:
+    """One training run (see the module docstring). `run()` trains until the step or time
+    budget is spent and returns the final stats."""
+
+    def __init__(self, args: TrainArgs, log: Callable[[str], None] = print):
+        from ..loading import load  # looked up at call time: tests substitute a tiny target
+
+        self.args, self.log = args, log
+        self.group = mx.distributed.init()
+        self.rank, self.world = self.group.rank(), self.group.size()
+        self.out = Path(args.out)
+        model, self.tokenizer = load(args.model)
+        model.freeze()
+        self.model = model
+        ck = self.out / "checkpoint"
+        resuming = args.resume and (ck / "state.json").is_file()
+        if resuming:
+            self.drafter = load_drafter_dir(ck)
+            saved = json.loads((ck / "state.json").read_text())
+            self.state = TrainState.from_dict(saved)
+        else:
+            mask_id = args.mask_token_id if args.mask_token_id is not None else default_mask_token_id(self.tokenizer)
+            cfg = make_config(Target(model), num_layers=args.num_layers, target_layer_ids=args.target_layer_ids,
+                              block_size=args.block_size, mask_token_id=mask_id,
+                              intermediate_size=args.intermediate_size)
+            mx.random.seed(args.seed)
+            self.drafter = Drafter(cfg)
+            mx.eval(self.drafter.parameters())
+            self.state = TrainState()
+        self.cfg = self.drafter.config
+        self.target = Target(model, self.cfg.target_layer_ids)
+        self.weights = loss_weights(self.cfg.block_size, args.gamma)
+        self.head = head_weight(self.target) if args.loss_vocab == "sampled" else None
+        if args.loss_vocab not in ("full", "sampled") or (args.loss_vocab == "sampled" and self.head is None):
+            raise ValueError("--loss-vocab must be 'full' or 'sampled' (sampled needs a float output matrix)")
+        features = Path(args.features) if args.features else Path(args.data).parent / "features"
+        self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
+        self.seqs: list[tuple[str, list[int], int]] = []
+        self.refresh_data()
+        if not resuming:
+            self._initialize()
+        self.optimizer = optim.AdamW(learning_rate=args.lr, betas=[0.9, args.adam_beta2],
+                                     weight_decay=args.weight_decay)
+        if resuming and (ck / "optimizer.npz").is_file():
+            self.optimizer.init(self.drafter.trainable_parameters())
+            self.optimizer.state = tree_unflatten(list(mx.load(str(ck / "optimizer.npz")).items()))
+        if self.world > 1:  # the same initial weights everywhere
+            synced = [(k, mx.distributed.all_sum(v) / self.world) for k, v in tree_flatten(self.drafter.parameters())]
+            self.drafter.load_weights(synced)
+            mx.eval(self.drafter.parameters())
+        self.total = args.max_steps or max(1, int(math.ceil(args.epochs * len(self.seqs) / args.batch_size)))
+        self.value_and_grad = nn.value_and_grad(self.drafter, self._loss)
+
+    # ------------------------------------------------------------------ data
+
+    def refresh_data(self) -> None:
+        """(Re)read the data (it may grow while training) and compute missing features:
+        rank 0 fills the store, the others wait for it and reopen it."""
+        a = self.args
+        seqs = [(k, t[: a.max_len], p) for k, t, p in load_sequences(a.data) if p < min(len(t), a.max_len) - 1]
+        if not seqs:
+            raise ValueError(f"no usable sequences in {a.data}")
+        width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
+        if self.rank == 0:
+            store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
+            missing = sum(k not in store for k, _, _ in seqs)
+            if missing:
+                with self._bar("features", missing) as advance:
+                    fill_store(store, self.target, {k: t for k, t, _ in seqs}, self.cfg.target_layer_ids,
+                               on_progress=lambda done, total: advance(done))
+        if self.world > 1:
+            mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
+        self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
+        self.seqs = seqs
+
+    def _bar(self, label: str, total: int):
+        """A rich progress bar (or plain log lines) as a context yielding `advance(done)`."""
+        from contextlib import contextmanager
+
+        @contextmanager
+        def bar():
+            if not self.args.progress:
+                self.log(f"{label}: {total} sequences")
+                yield lambda done: None
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+                          TimeRemainingColumn()) as p:
+                task = p.add_task("", total=total)
+                yield lambda done: p.update(task, completed=done)
+
+        return bar()
+
+    def _initialize(self) -> None:
+        if self.args.init == "warm":
+            warm_start(self.drafter, self.target)
+        elif self.args.init == "cold":
+            sample = [self.store.get(k)[0][1:] for k, _, _ in self.seqs[:8]]
+            rms_fc_init(self.drafter, np.concatenate(sample).astype(np.float32))
+        else:
+            raise ValueError(f"--init must be 'warm' or 'cold', got {self.args.init!r}")
+
+    def batch_for_step(self) -> tuple[Optional[Batch], Optional[mx.array]]:
+        """The batch (and the sampled vocabulary) of the current step, on this rank."""
+        a, st, B = self.args, self.state, self.cfg.block_size
+        if st.pos + a.batch_size > st.epoch_size and st.pos > 0 or st.epoch_size == 0:
+            if st.epoch_size:
+                st.epoch += 1
+                self.refresh_data()
+            st.pos, st.epoch_size = 0, len(self.seqs)
+        order = list(range(st.epoch_size))
+        random.Random(a.seed + st.epoch).shuffle(order)
+        idx = [order[(st.pos + j) % st.epoch_size] for j in range(a.batch_size)][self.rank :: self.world]
+        st.pos += a.batch_size
+        rng = np.random.default_rng([a.seed, st.step, self.rank])
+        seqs = [self.seqs[i] for i in idx]
+        batch, kept, pos = make_batch([(t, p) for _, t, p in seqs], B, a.num_anchors, self.cfg.mask_token_id, rng)
+        if batch is None:
+            return None, None
+        stored = [self.store.get(seqs[i][0]) for i in kept]
+        S, L = len(kept), batch.tokens.shape[1]
+        feats = np.zeros((S, L, stored[0][0].shape[1]), dtype=np.float16)
+        for r, (f, _, _) in enumerate(stored):
+            n = min(len(f), L)
+            feats[r, :n] = f[:n]
+        batch.features = mx.array(feats).astype(mx.float32)
+        prev = np.maximum(pos - 1, 0)  # row t of the teacher holds the distribution of token t + 1
+        t_ids = np.stack([s[1][np.minimum(prev[r], len(s[1]) - 1)] for r, s in enumerate(stored)])
+        t_lg = np.stack([s[2][np.minimum(prev[r], len(s[2]) - 1)] for r, s in enumerate(stored)])
+        t_ids, t_lg = t_ids.reshape(-1, B, a.top_k), t_lg.reshape(-1, B, a.top_k).astype(np.float32)
+        labels = np.array(batch.labels)
+        vocab = None
+        if self.head is not None:
+            extra = rng.choice(self.cfg.vocab_size, size=min(a.negatives, self.cfg.vocab_size), replace=False)
+            v = np.union1d(np.union1d(labels.ravel(), t_ids.ravel()), extra).astype(np.int32)
+            labels, t_ids = np.searchsorted(v, labels), np.searchsorted(v, t_ids)
+            vocab = mx.array(v)
+        batch.labels = mx.array(labels.astype(np.int32))
+        batch.teacher_ids, batch.teacher_logits = mx.array(t_ids.astype(np.int32)), mx.array(t_lg)
+        return batch, vocab
+
+    # ------------------------------------------------------------------ steps
+
+    def _loss(self, drafter: Drafter, batch: Batch, vocab: Optional[mx.array]):
+        return loss_fn(drafter, self.target, batch, self.weights, self.args.distill, vocab, self.head)
+
+    def step(self) -> Optional[dict]:
+        """One optimiser step; returns its numbers (None for an empty batch)."""
+        st = self.state
+        self.optimizer.learning_rate = lr_at(self.args, st.step, self.total, st.elapsed)
+        batch, vocab = self.batch_for_step()
+        st.step += 1
+        if batch is None:
+            return None
+        (loss, (correct, valid)), grads = self.value_and_grad(self.drafter, batch, vocab)
+        if self.world > 1:
+            grads = nn.average_gradients(grads)
+            loss = mx.distributed.all_sum(loss) / self.world
+        grads, gnorm = optim.clip_grad_norm(grads, self.args.grad_clip)
+        self.optimizer.update(self.drafter, grads)
+        mx.eval(self.drafter.parameters(), self.optimizer.state, loss, correct, gnorm)
+        st.seen += batch.tokens.shape[0] * self.world
+        B = self.cfg.block_size
+        c, v = np.array(correct).reshape(-1, B), np.array(valid).reshape(-1, B)
+        st.positions += int(v.sum()) * self.world
+        tau_sum, blocks = block_acceptance(c, v, B)
+        return {"loss": loss.item(), "grad_norm": gnorm.item(), "correct": c.sum(0), "count": v.sum(0),
+                "tau_sum": tau_sum, "blocks": blocks}
+
+    def heldout_tau(self) -> Optional[float]:
+        """Greedy tau of the current drafter on the first held-out prompts (real decoding)."""
+        held = Path(self.args.data).parent / "heldout.jsonl"
+        if not held.is_file() or self.args.eval_prompts <= 0:
+            return None
+        from .evaluate import evaluate, read_eval_prompts
+
+        prompts = read_eval_prompts(held)[: self.args.eval_prompts]
+        res = evaluate(self.model, self.tokenizer, self.drafter, prompts, max_tokens=self.args.eval_tokens,
+                       temps=(0.0,))
+        return res["0"]["all"]["tau"]
+
+    def run(self) -> dict:
+        a, st = self.args, self.state
+        B = self.cfg.block_size
+        if self.rank == 0:
+            n_params = sum(v.size for _, v in tree_flatten(self.drafter.parameters()))
+            self.log(f"{len(self.seqs)} sequences, {sum(len(t) for _, t, _ in self.seqs)} tokens; drafter "
+                     f"{self.cfg.num_hidden_layers} layers, {n_params / 1e6:.1f}M params, features "
+                     f"{self.cfg.target_layer_ids}, B={B}, mask {self.cfg.mask_token_id}, init {a.init}; "
+                     f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
+                     + (f"; {self.world} ranks" if self.world > 1 else ""))
+        log_file = None
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            log_file = open(self.out / "train_log.jsonl", "a")
+        meter = _Meter(B)
+        t_start = time.perf_counter() - st.elapsed
+        last_ck = last_eval = time.perf_counter()
+        history: list[dict] = []
+        with _StepBar(self.total, st.step, enabled=a.progress and self.rank == 0) as bar:
+            try:
+                while st.step < self.total or (a.time_limit and not a.max_steps):
+                    out = self.step()
+                    st.elapsed = time.perf_counter() - t_start
+                    if out is not None:
+                        meter.add(out)
+                    if self.rank != 0:
+                        if a.time_limit and st.elapsed > a.time_limit:
+                            break
+                        continue
+                    rec = None
+                    if a.eval_minutes and time.perf_counter() - last_eval > a.eval_minutes * 60:
+                        rec = {"step": st.step, "elapsed": round(st.elapsed, 1), "heldout_tau": self.heldout_tau()}
+                        meter.heldout = rec["heldout_tau"]
+                        last_eval = time.perf_counter()
+                    bar.update(st.step, meter.describe(st, self.optimizer.learning_rate.item()))
+                    if st.step % a.log_every == 0 or st.step == self.total:
+                        rec = {**(rec or {}), **meter.record(st, self.optimizer.learning_rate.item())}
+                        meter.reset()
+                        if not a.progress:
+                            self.log(f"step {st.step}/{self.total} {st.elapsed:.0f}s {meter.last}")
+                    if rec:
+                        history.append(rec)
+                        log_file.write(json.dumps(rec) + "\n")
+                        log_file.flush()
+                    if st.step % a.checkpoint_every == 0 or time.perf_counter() - last_ck > a.checkpoint_minutes * 60:
+                        save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
+                        last_ck = time.perf_counter()
+                    if a.time_limit and st.elapsed > a.time_limit:
+                        self.log(f"time limit reached at step {st.step}")
+                        break
+            finally:
+                if log_file:
+                    log_file.close()
+        if self.rank == 0:
+            save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
+        return {"step": st.step, "elapsed": st.elapsed, "history": history, "drafter": self.drafter}
+
+
+class _Meter:
+    """Running training numbers between two log lines."""
+
+    def __init__(self, block_size: int):
+        self.B = block_size
+        self.loss: Optional[float] = None
+        self.heldout: Optional[float] = None
+        self.last = ""
+        self.reset()
+
+    def reset(self) -> None:
+        self.correct, self.count = np.zeros(self.B), np.zeros(self.B)
+        self.tau_sum = self.blocks = 0.0
+        self.gnorm = 0.0
+        self.t0, self.pos0 = time.perf_counter(), None
+
+    def add(self, out: dict) -> None:
+        self.loss = out["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * out["loss"]
+        self.correct += out["correct"]
+        self.count += out["count"]
+        self.tau_sum += out["tau_sum"]
+        self.blocks += out["blocks"]
+        self.gnorm = out["grad_norm"]
+
+    def _rate(self, st: TrainState) -> float:
+        if self.pos0 is None:
+            self.pos0 = st.positions
+            self.t0 = time.perf_counter()
+        return (st.positions - self.pos0) / max(time.perf_counter() - self.t0, 1e-9)
+
+    def describe(self, st: TrainState, lr: float) -> str:
+        acc = self.correct / np.maximum(self.count, 1)
+        B = self.B
+        self.last = (f"loss {self.loss or 0:.3f} | acc@1 {acc[1]:.2f} @2 {acc[2]:.2f} @4 {acc[min(4, B - 1)]:.2f} "
+                     f"| tau~{self.tau_sum / max(self.blocks, 1):.2f}"
+                     + (f" held-out {self.heldout:.2f}" if self.heldout is not None else "")
+                     + f" | {self._rate(st):.0f} pos/s | lr {lr:.1e}")
+        return self.last
+
+    def record(self, st: TrainState, lr: float) -> dict:
+        acc = self.correct / np.maximum(self.count, 1)
+        return {"step": st.step, "elapsed": round(st.elapsed, 1), "loss": round(self.loss or 0.0, 4),
+                "acc": [round(float(x), 3) for x in acc[1:]], "train_tau": round(self.tau_sum / max(self.blocks, 1), 3),
+                "grad_norm": round(self.gnorm, 3), "lr": lr, "seqs_seen": st.seen, "positions": st.positions,
+                "positions_per_s": round(self._rate(st), 1)}
+
+
+class _StepBar:
+    """The training progress bar (rich), or nothing."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.progress = None
+        if enabled:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.description}"))
+            self.task = self.progress.add_task("", total=total, completed=done)
+
+    def __enter__(self) -> "_StepBar":
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def update(self, step: int, description: str) -> None:
+        if self.progress:
+            self.progress.update(self.task, completed=step, description=description)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress:
+            self.progress.stop()
+
+
+def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
+    """Train a drafter; returns the final stats. Writes `args.out` (config.json +
+    model.safetensors, loadable by `load_draft`), `args.out/checkpoint/` and `train_log.jsonl`."""
+    return Trainer(args, log).run()

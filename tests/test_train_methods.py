@@ -1,0 +1,139 @@
+"""The training methods that make compute count: warm start, distillation, the on-disk
+feature cache, and exact resume."""
+
+from __future__ import annotations
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+from test_train import random_training_data, tiny_drafter, tiny_target
+
+from dflash_mlx.target import Target
+from dflash_mlx.train.features import FeatureStore, fill_store, target_pass
+from dflash_mlx.train.initialize import warm_start, warm_start_sources
+from dflash_mlx.train.loop import TrainArgs, train
+from dflash_mlx.train.objective import distill_loss
+
+
+def test_warm_start_copies_the_layers_after_the_deepest_feature():
+    model = tiny_target(layers=6)
+    drafter = tiny_drafter(model, layers=2, ids=(0, 3))
+    target = Target(model, drafter.config.target_layer_ids)
+    warm_start(drafter, target)
+    assert warm_start_sources(drafter) == [4, 5]
+    mine = dict(tree_flatten(drafter.parameters()))
+    for j, src in enumerate([4, 5]):
+        theirs = dict(tree_flatten(model.model.layers[src].parameters()))
+        for name, w in theirs.items():
+            assert mx.array_equal(mine[f"layers.{j}.{name}"], w).item(), name
+    # fc passes the deepest feature (layer 3, the second block) through unchanged
+    fc = np.array(mine["fc.weight"])
+    hidden = drafter.config.hidden_size
+    np.testing.assert_array_equal(fc[:, hidden:], np.eye(hidden))
+    assert not fc[:, :hidden].any()
+    assert mx.array_equal(mine["hidden_norm.weight"], model.model.layers[4].input_layernorm.weight).item()
+    assert mx.array_equal(mine["norm.weight"], model.model.norm.weight).item()
+    # so the drafter's context keys of layer 0 are exactly the target layer 4's keys
+    tokens = mx.array([[3, 7, 1, 9, 4]])
+    feats = target_pass(target, tokens, drafter.config.target_layer_ids, top_k=2)[0]
+    k, _ = drafter.layers[0].self_attn.context_kv(drafter.project_context(feats), 0)
+    h3 = feats[..., hidden:]
+    attn = model.model.layers[4].self_attn
+    ref = attn.k_proj(model.model.layers[4].input_layernorm(h3))
+    ref = attn.rope(ref.reshape(1, 5, attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
+    # the drafter adds a per-head k_norm (Qwen3) that a llama layer lacks: compare directions
+    cos = (k * ref).sum(-1) / (mx.linalg.norm(k, axis=-1) * mx.linalg.norm(ref, axis=-1))
+    assert cos.min().item() > 0.999
+
+
+def test_distillation_equals_cross_entropy_for_a_one_hot_teacher():
+    rng = np.random.default_rng(0)
+    logits = mx.array(rng.normal(size=(6, 11)).astype(np.float32))
+    labels = mx.array(rng.integers(0, 11, size=6).astype(np.int32))
+    ids = mx.concatenate([labels[:, None], mx.array(rng.integers(0, 11, size=(6, 3)).astype(np.int32))], axis=1)
+    one_hot = mx.array(np.array([[0.0, -1e4, -1e4, -1e4]] * 6, dtype=np.float32))
+    ce = nn.losses.cross_entropy(logits, labels, reduction="none")
+    np.testing.assert_allclose(np.array(distill_loss(logits, ids, one_hot)), np.array(ce), rtol=1e-5)
+
+
+def test_distillation_gradient_matches_finite_differences():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(3, 7))
+    ids = mx.array(rng.integers(0, 7, size=(3, 4)).astype(np.int32))
+    teacher = mx.array(rng.normal(size=(3, 4)).astype(np.float32))
+
+    def f(v):
+        return distill_loss(v, ids, teacher).sum()
+
+    grad = np.array(mx.grad(f)(mx.array(x.astype(np.float32))))
+    eps = 1e-3
+    for i in range(3):
+        for j in range(7):
+            plus, minus = x.copy(), x.copy()
+            plus[i, j] += eps
+            minus[i, j] -= eps
+            fd = (f(mx.array(plus.astype(np.float32))).item() - f(mx.array(minus.astype(np.float32))).item()) / (2 * eps)
+            assert abs(fd - grad[i, j]) < 2e-3, (i, j, fd, grad[i, j])
+
+
+def test_cached_features_equal_recomputed_ones(tmp_path):
+    model = tiny_target()
+    target = Target(model)
+    ids = [1, 3]
+    rng = np.random.default_rng(2)
+    seqs = {f"s{i}": rng.integers(0, 60, size=int(n)).tolist() for i, n in enumerate([5, 17, 9, 30, 12])}
+    store = FeatureStore(tmp_path / "f", ids, 2 * model.args.hidden_size, top_k=3)
+    assert fill_store(store, target, seqs, ids, batch_tokens=40) == 5
+    assert fill_store(store, target, seqs, ids) == 0  # nothing left to do
+    reopened = FeatureStore(tmp_path / "f", ids, 2 * model.args.hidden_size, top_k=3)
+    for key, toks in seqs.items():
+        f, top_ids, top_logits = reopened.get(key)
+        ref_f, ref_ids, ref_logits = target_pass(target, mx.array([toks]), ids, top_k=3)
+        np.testing.assert_allclose(f.astype(np.float32), np.array(ref_f[0]), atol=2e-2, rtol=2e-3)
+        logits = np.array(model(mx.array([toks]))[0])
+        for t in range(len(toks)):  # the stored tokens are the target's top 3, with their logits
+            assert set(top_ids[t].tolist()) == set(np.argsort(-logits[t])[:3].tolist())
+            np.testing.assert_allclose(top_logits[t].astype(np.float32), logits[t, top_ids[t]], atol=2e-2, rtol=2e-3)
+        assert set(np.array(ref_ids[0, 0]).tolist()) == set(top_ids[0].tolist())
+        assert ref_logits.shape == (1, len(toks), 3)
+
+
+def test_a_torn_write_is_cut_on_reopening(tmp_path):
+    store = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
+    store.add("a", np.ones((3, 4)), np.zeros((3, 2)), np.zeros((3, 2)))
+    with open(tmp_path / "f" / "features.f16", "ab") as fh:  # rows of a sequence never indexed
+        fh.write(np.ones((5, 4), dtype=np.float16).tobytes())
+    again = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
+    assert len(again) == 1 and again.rows == 3
+    again.add("b", np.full((2, 4), 2.0), np.zeros((2, 2)), np.zeros((2, 2)))
+    assert (again.get("b")[0] == 2).all() and (again.get("a")[0] == 1).all()
+
+
+def test_resume_continues_exactly(tmp_path, monkeypatch):
+    """Stopping after 3 steps and resuming gives the same weights as 6 uninterrupted steps."""
+    model = tiny_target(vocab=48)
+    data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
+    common = dict(data=str(data), num_layers=1, target_layer_ids=[1, 3], block_size=4, batch_size=3,
+                  num_anchors=4, progress=False, checkpoint_every=1, max_steps=6, log_every=1,
+                  loss_vocab="sampled", negatives=8)
+    whole = train(TrainArgs(out=str(tmp_path / "whole"), **common), log=lambda s: None)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_step_3(line: str) -> None:
+        if line.startswith("step 3/"):
+            raise Stop
+
+    try:
+        train(TrainArgs(out=str(tmp_path / "cut"), **common), log=stop_at_step_3)
+    except Stop:
+        pass
+    resumed = train(TrainArgs(out=str(tmp_path / "cut"), resume=True, **common), log=lambda s: None)
+    assert resumed["step"] == whole["step"] == 6
+    a = dict(tree_flatten(whole["drafter"].parameters()))
+    b = dict(tree_flatten(resumed["drafter"].parameters()))
+    for k in a:
+        np.testing.assert_allclose(np.array(a[k]), np.array(b[k]), atol=1e-6, err_msg=k)
