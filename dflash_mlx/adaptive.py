@@ -113,7 +113,9 @@ class BlockSizePolicy:
     def update(self, size: int, accepted: int, seconds: float) -> None:
         """Record a finished cycle: `accepted` of its `size - 1` drafts, `seconds` of wall time."""
         old = self.seconds.get(size)
-        self.seconds[size] = seconds if old is None else self.cost_memory * old + (1 - self.cost_memory) * seconds
+        if old is not None:  # a shared machine's spikes count, but at most double
+            seconds = self.cost_memory * old + (1 - self.cost_memory) * min(max(seconds, old / 2), 2 * old)
+        self.seconds[size] = seconds
         probe, self.probe = self.probe, None
         # How likely the estimates found the drafts this probe accepted beyond the challenged size.
         likely = math.prod(self.acceptance(k) for k in range(probe[1], accepted + 1)) if probe else 1.0

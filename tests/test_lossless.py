@@ -3,15 +3,24 @@
 Real target (SmolLM2-135M-Instruct, float32), real tokenizer, reference = `mlx_lm`'s own
 `stream_generate`. Drafters: a random one (almost nothing accepted) and a scripted
 adversary that knows the right answer and injects errors at chosen block positions.
+Block sizes: fixed, adaptive (the real policy), and scripted sequences of sizes that mix
+plain steps (b = 1) with drafted blocks.
 """
+
+import itertools
+import random
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx_lm
+import numpy as np
 import pytest
+from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from dflash_mlx import make_prompt_cache, stream_generate
+from dflash_mlx.adaptive import BlockSizePolicy
 from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.target import Target
 
 PROMPTS = [
     "What is the capital of France?",
@@ -46,7 +55,7 @@ class ScriptedDrafter(Drafter):
         self.truth, self.corrupt, self.cycle = truth, corrupt, 0
 
     def propose(self, block, cache, target):
-        start = cache[0].offset  # position of block[0]
+        start = self.position = cache[0].offset  # position of block[0]
         size = block.shape[1]
         tokens = []
         for k in range(1, size):
@@ -54,6 +63,17 @@ class ScriptedDrafter(Drafter):
             tokens.append((true + 1) % 49152 if self.corrupt(self.cycle, k) else true)
         self.cycle += 1
         return mx.where(mx.arange(49152)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
+
+
+class ScriptedPolicy(BlockSizePolicy):
+    """Block sizes from a fixed sequence (cycled), still capped by the tokens left."""
+
+    def __init__(self, sizes, max_size: int = BLOCK):
+        super().__init__(max_size)
+        self.sizes = itertools.cycle(sizes)
+
+    def choose(self, limit=None) -> int:
+        return min(next(self.sizes), limit or self.max_size)
 
 
 def chat(tokenizer, text: str) -> list[int]:
@@ -81,15 +101,21 @@ def test_baseline_path_equals_mlx_lm(default_model, references):
         assert ours(model, tokenizer, prompt, None, max_tokens=MAX_TOKENS)[0] == ref
 
 
-def test_random_drafter_is_lossless(default_model, references):
+@pytest.mark.parametrize("block_size", [16, None])
+def test_random_drafter_is_lossless(default_model, references, block_size):
     model, tokenizer = default_model
     mx.random.seed(1)
     drafter = Drafter(drafter_config(block_size=16))
     mx.eval(drafter.parameters())
     for text, (prompt, ref) in references.items():
-        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS)
+        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, block_size=block_size)
         assert got == ref, text
         assert responses[-1].finish_reason == ("stop" if ref[-1] == 2 else "length")
+        sizes = responses[-1].stats.block_sizes
+        if block_size:  # fixed: never a plain step; blocks shrink only at max_tokens
+            assert min(sizes) >= 2 and sizes.count(16) > len(sizes) // 2
+    if block_size is None:  # nothing is accepted: the policy settles on plain steps
+        assert sizes[-20:].count(1) >= 15, sizes
 
 
 # Each cycle picks an error pattern: first position wrong, last wrong, all right, one
@@ -109,13 +135,81 @@ def test_adversarial_drafter_is_lossless(default_model, references):
     for i, (text, (prompt, ref)) in enumerate(references.items()):
         truth = prompt + ref
         drafter = ScriptedDrafter(truth, lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k, BLOCK))
-        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS)
+        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, block_size=BLOCK)
         assert got == ref, text
         seen.update(responses[-1].stats.accepted_lengths)
         # from_draft marks exactly the accepted drafted tokens.
         assert sum(r.from_draft for r in responses) == responses[-1].stats.accepted_drafted_tokens
     # The patterns reached every kind of outcome: none accepted, some, all (B-1 + bonus).
     assert {1, BLOCK // 2, BLOCK - 1, BLOCK} <= seen
+
+
+def test_adversarial_drafter_with_mixed_block_sizes_is_lossless(default_model, references):
+    """Plain steps and drafted blocks of every size, in a scripted order, with errors at
+    chosen positions: the plain steps' features must reach the drafter's context
+    (the scripted drafter reads its position from it)."""
+    model, tokenizer = default_model
+    rng = random.Random(0)
+    seen = set()
+    for i, (text, (prompt, ref)) in enumerate(references.items()):
+        sizes = [rng.choice([1, 1, 2, 3, 5, BLOCK]) for _ in range(40)]
+        drafter = ScriptedDrafter(prompt + ref, lambda c, k, i=i: PATTERNS[(c + i) % 3](k, BLOCK))
+        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, policy=ScriptedPolicy(sizes))
+        assert got == ref, text
+        stats = responses[-1].stats
+        assert stats.adaptive and sum(r.from_draft for r in responses) == stats.accepted_drafted_tokens
+        seen.update(zip(stats.block_sizes, stats.accepted_lengths))
+    assert {(1, 1), (2, 2), (3, 3), (5, 5), (BLOCK, BLOCK), (BLOCK, 1), (5, 1)} <= seen
+
+
+class CpuCostPolicy(BlockSizePolicy):
+    """The real policy, charged a fixed cost per size (shaped like a real drafter on this
+    CPU) instead of the measured wall time: the scripted drafter costs nothing, and a
+    shared machine's timings would make the choices a matter of luck."""
+
+    def update(self, size: int, accepted: int, seconds: float) -> None:
+        super().update(size, accepted, 1.0 if size == 1 else 1.6 + 0.055 * size)
+
+
+def test_adaptive_policy_follows_the_drafter(default_model, references):
+    """The policy in the loop, with a drafter that is always wrong for the first 20
+    tokens, then always right: lossless throughout; plain steps first, big blocks once
+    they pay."""
+    model, tokenizer = default_model
+    prompt, ref = references[PROMPTS[1]]
+    drafter = ScriptedDrafter(prompt + ref, lambda c, k: drafter.position < len(prompt) + 20, block_size=16)
+    got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, policy=CpuCostPolicy(16))
+    assert got == ref
+    stats = responses[-1].stats
+    starts = list(itertools.accumulate(stats.accepted_lengths, initial=1))  # tokens before each cycle
+    early = [b for b, n in zip(stats.block_sizes, starts) if n < 20]
+    late = [b for b, n in zip(stats.block_sizes, starts) if n >= 20]
+    assert early.count(1) >= len(early) * 3 // 4 and max(late) >= 8, stats.block_sizes
+    assert sum(r.from_draft for r in responses) == stats.accepted_drafted_tokens >= 20
+
+
+def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):
+    """After plain steps and drafted blocks, the drafter's context holds exactly the
+    features of the committed tokens, at their positions: as if they had been prefilled."""
+    model, tokenizer = default_model
+    mx.random.seed(3)
+    drafter = Drafter(drafter_config())
+    mx.eval(drafter.parameters())
+    cache = make_prompt_cache(model, drafter)
+    prompt = chat(tokenizer, PROMPTS[4])
+    policy = ScriptedPolicy([1, 3, 1, 1, BLOCK, 2, 1])
+    last = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=40, prompt_cache=cache, policy=policy))[-1]
+    assert {1, 3, BLOCK} <= set(last.stats.block_sizes)
+    cache.flush()  # features of the last plain steps wait for the next draft
+    assert cache.draft_length == len(cache.tokens)
+    _, features = Target(model, drafter.config.target_layer_ids).forward(mx.array(cache.tokens)[None],
+                                                                      make_target_cache(model))
+    fresh = drafter.make_cache()
+    drafter.append_context(features, fresh)
+    for got, want in zip(cache.draft, fresh):
+        n = want.offset
+        for a, b in ((got.keys, want.keys), (got.values, want.values)):
+            np.testing.assert_allclose(np.array(a[..., :n, :]), np.array(b[..., :n, :]), rtol=1e-3, atol=1e-3)
 
 
 def test_eos_inside_an_accepted_block(default_model, references):
@@ -126,18 +220,19 @@ def test_eos_inside_an_accepted_block(default_model, references):
         # Blocks commit ref[1 + B*c : 1 + B*(c+1)]; pick B so that EOS is not a bonus token.
         block = 16 if (len(ref) - 1) % 16 else 15
         drafter = ScriptedDrafter(prompt + ref + [7] * 32, lambda c, k: False, block_size=block)
-        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS + 40)
+        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS + 40, block_size=block)
         assert got == ref
         assert responses[-1].finish_reason == "stop"
         assert responses[-1].from_draft  # EOS arrived as an accepted draft, mid-block
 
 
+@pytest.mark.parametrize("block_size", [16, None])
 @pytest.mark.parametrize("max_tokens", [1, 2, 13, 37])
-def test_max_tokens_inside_a_block(default_model, references, max_tokens):
+def test_max_tokens_inside_a_block(default_model, references, max_tokens, block_size):
     model, tokenizer = default_model
     prompt, ref = references[PROMPTS[1]]
     drafter = ScriptedDrafter(prompt + ref, lambda c, k: False, block_size=16)
-    got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=max_tokens)
+    got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=block_size)
     assert got == ref[:max_tokens]
     assert responses[-1].finish_reason == "length"
     assert [r.finish_reason for r in responses[:-1]] == [None] * (max_tokens - 1)
@@ -150,14 +245,16 @@ def test_stop_string(default_model, references):
     full = tokenizer.decode([t for t in ref if t not in tokenizer.eos_token_ids])
     stop = full[10:14]
     drafter = ScriptedDrafter(prompt + ref, lambda c, k: k == 3, block_size=16)
-    _, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, stop=[stop])
+    _, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, stop=[stop], block_size=16)
     assert "".join(r.text for r in responses) == full[: full.index(stop)]
     assert responses[-1].finish_reason == "stop"
 
 
-def test_multi_turn_cache_reuse_is_lossless(default_model):
+@pytest.mark.parametrize("block_size", [BLOCK, None])
+def test_multi_turn_cache_reuse_is_lossless(default_model, block_size):
     """A second turn through a reused PromptCache equals a fresh generation, and only
-    the new part of the prompt is prefilled."""
+    the new part of the prompt is prefilled (adaptive: the plain steps' features that
+    wait for a draft at the end of a turn are kept too)."""
     model, tokenizer = default_model
     mx.random.seed(2)
     drafter = Drafter(drafter_config())
@@ -165,12 +262,14 @@ def test_multi_turn_cache_reuse_is_lossless(default_model):
     cache = make_prompt_cache(model, drafter)
     messages = [{"role": "user", "content": PROMPTS[2]}]
     first = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    reply = "".join(r.text for r in stream_generate(model, tokenizer, first, drafter, max_tokens=24, prompt_cache=cache))
+    reply = "".join(r.text for r in stream_generate(model, tokenizer, first, drafter, max_tokens=24, prompt_cache=cache,
+                                                    block_size=block_size))
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": PROMPTS[3]}]
     second = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     progress = []
     reused, responses = ours(model, tokenizer, second, drafter, max_tokens=32, prompt_cache=cache,
-                     prompt_progress_callback=lambda done, total: progress.append((done, total)))
+                             block_size=block_size,
+                             prompt_progress_callback=lambda done, total: progress.append((done, total)))
     fresh = [r.token for r in mlx_lm.stream_generate(model, tokenizer, second, max_tokens=32)]
     assert reused == fresh
     assert progress == [(len(second), len(second))]
@@ -180,5 +279,5 @@ def test_multi_turn_cache_reuse_is_lossless(default_model):
     third = second + [tokenizer.encode(" ok")[0]]
     assert ours(model, tokenizer, third, None, max_tokens=8, prompt_cache=cache)[0] == \
         [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]
-    assert ours(model, tokenizer, third, drafter, max_tokens=8, prompt_cache=cache)[0] == \
+    assert ours(model, tokenizer, third, drafter, max_tokens=8, prompt_cache=cache, block_size=block_size)[0] == \
         [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]

@@ -38,6 +38,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from dflash_mlx import make_prompt_cache, stream_generate
+from dflash_mlx.adaptive import BlockSizePolicy
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.sampling import filter_logprobs, log_softmax, probabilities, speculative_accept
 
@@ -359,19 +360,33 @@ class PlainDistribution:
         return self.first[t1] == 0 or self.second(t1)[t2] == 0
 
 
-def _sample_pairs(setup, drafter, n: int, seed: int, **sampling) -> tuple[list, list]:
-    """n two-token generations through our stream_generate; returns the (t1, t2) pairs and
-    whether t2 was an accepted draft. A PromptCache keeps the prompt prefilled."""
+class CoinPolicy(BlockSizePolicy):
+    """Adaptive block sizes, as the loop sees them, at random: a plain step or a block of
+    2, on a coin toss of its own (independent of the tokens)."""
+
+    def __init__(self, seed: int):
+        super().__init__(2)
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, limit=None) -> int:
+        return min(int(self.rng.integers(1, 3)), limit or 2)
+
+
+def _sample_pairs(setup, drafter, n: int, seed: int, policy=None, **sampling) -> tuple[list, list]:
+    """n generations through our stream_generate; returns the first two tokens (t1, t2)
+    and whether t2 was an accepted draft. A PromptCache keeps the prompt prefilled.
+    Fixed blocks of 2 (a one-cycle, two-token generation), or with `policy` adaptive
+    (three tokens, so that the first cycle may be a block of 2)."""
     model, tokenizer, prompt, _, _ = setup
     cache = make_prompt_cache(model, drafter)
     mx.random.seed(seed)
     pairs, from_draft = [], []
     for _ in range(n):
-        r = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=2, prompt_cache=cache,
-                                 **sampling))
-        assert len(r) == 2 or r[0].token in tokenizer.eos_token_ids
-        pairs.append((r[0].token, r[1].token if len(r) == 2 else None))
-        from_draft.append(len(r) == 2 and r[1].from_draft)
+        r = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=3 if policy else 2,
+                                 prompt_cache=cache, block_size=None if policy else 2, policy=policy, **sampling))
+        assert len(r) >= 2 or r[0].token in tokenizer.eos_token_ids
+        pairs.append((r[0].token, r[1].token if len(r) >= 2 else None))
+        from_draft.append(len(r) >= 2 and r[1].from_draft)
     assert all(t2 is not None for _, t2 in pairs)
     return pairs, from_draft
 
@@ -447,3 +462,26 @@ def test_first_two_tokens_oracle_drafter_with_filters(sampling_setup):
     z = (sum(from_draft) - rates.sum()) / math.sqrt((rates * (1 - rates)).sum())
     assert abs(z) < 3.29, f"acceptance count {sum(from_draft)} vs expected {rates.sum():.1f}: z = {z:.2f}"
     assert 0.3 * n < sum(from_draft) < 0.97 * n  # both paths were exercised
+
+
+@pytest.mark.parametrize("kind", ["random", "oracle"])
+def test_first_two_tokens_adaptive_block_sizes(sampling_setup, kind):
+    """With adaptive block sizes the first cycle is a plain step or a drafted block of 2
+    (at random here): either way (t1, t2) follows plain sampling's joint law."""
+    model, _, prompt, _, _ = sampling_setup
+    if kind == "random":
+        sampling, n = dict(temp=1.0), RANDOM_SAMPLES
+        mx.random.seed(0)
+        drafter = Drafter(_drafter_config(block_size=2))
+        mx.eval(drafter.parameters())
+    else:
+        sampling, n = dict(temp=1.0, top_p=0.95, top_k=20), ORACLE_SAMPLES
+        drafter = OracleDrafter(model, prompt, 2.0, block_size=2)
+    policy = CoinPolicy(seed=5)
+    pairs, from_draft = _sample_pairs(sampling_setup, drafter, n, seed=13, policy=policy, **sampling)
+    plain = PlainDistribution(sampling_setup, **sampling)
+    cells = plain.joint_cells(n)
+    assert not [pair for pair in pairs if plain.impossible(pair)], "pairs outside the support were sampled"
+    assert_fits(_wrap_rest(pairs, cells), cells, f"{kind} drafter, adaptive")
+    if kind == "oracle":
+        assert 0.2 * n < sum(from_draft) < 0.6 * n  # both kinds of first cycle happened

@@ -1,0 +1,144 @@
+"""The adaptive block-size policy on synthetic acceptance and cost streams (no MLX, no clock).
+
+A stream draws, for a cycle of size b, the drafts accepted one position at a time with
+a given conditional probability, and charges a given cost per size; the policy only
+sees what the decoding loop would show it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from dflash_mlx.adaptive import BlockSizePolicy, default_cost_model
+
+
+def cpu_cost(b: int) -> float:
+    """Shaped like a SmolLM2 cycle on the 2-core CPU: a drafted cycle costs 1.7-2.5 plain steps."""
+    return 1.0 if b == 1 else 1.6 + 0.055 * b
+
+
+def run(policy: BlockSizePolicy, accept, cost, cycles: int, rng: random.Random, start: int = 0) -> list[tuple[int, int]]:
+    """(size, accepted drafts) per cycle; accept(cycle, k) = P(draft k accepted | drafts < k accepted)."""
+    out = []
+    for c in range(start, start + cycles):
+        b = policy.choose()
+        a = 0
+        while a < b - 1 and rng.random() < accept(c, a + 1):
+            a += 1
+        policy.update(b, a, cost(b))
+        out.append((b, a))
+    return out
+
+
+def throughput(cycles: list[tuple[int, int]], cost) -> float:
+    return sum(a + 1 for _, a in cycles) / sum(cost(b) for b, _ in cycles)
+
+
+def test_acceptance_zero_settles_on_plain_steps():
+    policy = BlockSizePolicy(16)
+    cycles = run(policy, lambda c, k: 0.0, cpu_cost, 600, random.Random(0))
+    sizes = Counter(b for b, _ in cycles[-300:])
+    assert sizes[1] >= 0.9 * 300, sizes
+    assert policy.best() == 1
+    # Exploration costs stay within the budget: within 5% of plain decoding overall.
+    assert throughput(cycles[-300:], cpu_cost) >= 0.96
+    assert throughput(cycles, cpu_cost) >= 0.95
+
+
+def test_near_perfect_acceptance_and_flat_cost_settle_on_max():
+    policy = BlockSizePolicy(16)
+    cycles = run(policy, lambda c, k: 0.99, lambda b: 1.0, 200, random.Random(1))
+    assert Counter(b for b, _ in cycles[-100:])[16] >= 90
+    assert [b for b, _ in cycles[:10]].count(16) >= 5  # found within a few cycles
+
+
+def expected_tokens(accept, b: int) -> float:
+    """1 + sum over k < b of P(drafts 1..k all accepted)."""
+    total = run_ = 1.0
+    for k in range(1, b):
+        run_ *= accept(k)
+        total += run_
+    return total
+
+
+@pytest.mark.parametrize("accept, slope", [
+    (lambda k: 0.7, 0.3),  # optimum 3
+    (lambda k: 0.5, 0.15),  # optimum 3
+    (lambda k: 0.6, 0.5),  # optimum 2
+    (lambda k: 0.95 if k <= 5 else 0.3, 0.1),  # a drafter that is good for 5 positions: 6
+])
+def test_linear_cost_picks_the_analytic_optimum(accept, slope):
+    """Cost 1 + slope * (b - 1): the best b maximises expected tokens over that cost."""
+    cost = lambda b: 1.0 + slope * (b - 1)  # noqa: E731
+    rates = {b: expected_tokens(accept, b) / cost(b) for b in range(1, 17)}
+    optimum = max(rates, key=rates.get)
+    policy = BlockSizePolicy(16, memory=0.98)  # a stationary stream: long memory
+    cycles = run(policy, lambda c, k: accept(k), cost, 3000, random.Random(2))
+    chosen = Counter(b for b, _ in cycles[-1000:])
+    assert chosen.most_common(1)[0][0] == optimum, (optimum, chosen)
+    assert policy.best() == optimum
+    assert throughput(cycles[-1000:], cost) >= 0.95 * rates[optimum]
+
+
+def test_recovers_when_acceptance_jumps():
+    """A drafter that is useless, then (a code block, a repeated list) nearly perfect."""
+    policy = BlockSizePolicy(16)
+    rng = random.Random(3)
+    before = run(policy, lambda c, k: 0.0, cpu_cost, 300, rng)
+    assert Counter(b for b, _ in before[-100:])[1] >= 90
+    after = run(policy, lambda c, k: 0.95, cpu_cost, 100, rng, start=300)
+    first_big = next(i for i, (b, _) in enumerate(after) if b >= 8)
+    assert first_big <= 40, [b for b, _ in after[:50]]
+    assert Counter(b for b, _ in after[-40:]).most_common(1)[0][0] >= 12
+
+
+def test_drops_when_acceptance_collapses():
+    policy = BlockSizePolicy(16)
+    rng = random.Random(4)
+    run(policy, lambda c, k: 0.95, cpu_cost, 100, rng)
+    assert policy.best() >= 12
+    after = run(policy, lambda c, k: 0.0, cpu_cost, 30, rng, start=100)
+    assert Counter(b for b, _ in after[-15:])[1] >= 12
+
+
+def test_censored_positions_are_not_counted():
+    """A block of 3 that rejects draft 1 says nothing about draft 2."""
+    policy = BlockSizePolicy(4)
+    policy.update(3, 0, 1.0)
+    assert policy.trials[1:] == [1.0, 0.0, 0.0] and policy.hits[1] == 0.0
+    policy.update(4, 1, 1.0)  # draft 1 accepted, draft 2 rejected, draft 3 unseen
+    assert policy.trials[1:] == [1.8, 1.0, 0.0] and policy.hits[1:] == [1.0, 0.0, 0.0]
+    policy.update(4, 3, 1.0)  # all accepted
+    assert policy.hits[3] == 1.0 and policy.trials[3] == 1.0
+
+
+def test_costs_follow_measurements():
+    policy = BlockSizePolicy(8)
+    assert policy.costs() == default_cost_model(8)
+    policy.update(1, 0, 0.05)
+    policy.update(4, 0, 0.09)
+    costs = policy.costs()
+    assert costs[0] == 0.05 and costs[3] == 0.09
+    assert costs[7] == pytest.approx(0.09 * default_cost_model(8)[7] / default_cost_model(8)[3])
+    policy.update(8, 0, 0.13)  # two drafted sizes: a line through them
+    assert policy.costs()[5] == pytest.approx(0.11)
+    assert policy.costs()[1] == pytest.approx(0.07)
+
+
+def test_choices_respect_the_limit():
+    policy = BlockSizePolicy(16)
+    for _ in range(50):
+        b = policy.choose(3)
+        assert 1 <= b <= 3
+        policy.update(b, b - 1, 1.0)
+    assert policy.choose(1) == 1
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        BlockSizePolicy(0)
+    with pytest.raises(ValueError):
+        BlockSizePolicy(4, cost_model=[1.0, 2.0])
