@@ -14,9 +14,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
+from dflash_mlx.adaptive import BlockSizePolicy
 from dflash_mlx.messages import apply_chat_template, read_prompt_file, user_messages
+from dflash_mlx.speculative import histogram
 
 DEFAULT_PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -36,6 +38,17 @@ class MethodResult:
     cycles: int = 0
     committed: int = 0  # tokens committed by draft/verify cycles
     outputs: list[list[int]] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # block size of every cycle (ours)
+
+    def add(self, chunks: list[list[int]], seconds: float, cycles: int, committed: int, sizes: Sequence[int] = ()) -> None:
+        """Count one prompt's run: its tokens per yield, time, draft/verify cycles, block sizes."""
+        tokens = [t for c in chunks for t in c]
+        self.tokens += len(tokens) - len(chunks[0])
+        self.seconds += seconds
+        self.cycles += cycles
+        self.committed += committed
+        self.outputs.append(tokens)
+        self.sizes += sizes
 
     @property
     def tokens_per_second(self) -> float:
@@ -106,6 +119,41 @@ def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
     return path
 
 
+def _run_interleaved(
+    methods: dict[str, Callable], prompts: list[list[int]], warmup: list[int], progress: Optional[Callable]
+) -> list[MethodResult]:
+    """Every method on every prompt, interleaved so that machine noise hits them alike
+    (who goes first rotates per prompt), after one warm-up run each."""
+    results = {name: MethodResult(name) for name in methods}
+    for run in methods.values():
+        run(warmup)
+    for i, prompt in enumerate(prompts):
+        order = list(methods.items())
+        for name, run in order[i % len(order) :] + order[: i % len(order)]:
+            if progress:
+                progress(f"prompt {i + 1}/{len(prompts)}: {name}")
+            results[name].add(*run(prompt))
+    return list(results.values())
+
+
+def _rows(results: list[MethodResult]) -> list[dict]:
+    """One report row per method; the first (mlx-lm) is the baseline for speed and tokens."""
+    base = results[0]
+    return [
+        {
+            "method": r.name,
+            "tokens": r.tokens,
+            "seconds": round(r.seconds, 3),
+            "tokens_per_second": round(r.tokens_per_second, 2),
+            "speedup": round(r.tokens_per_second / base.tokens_per_second, 2),
+            "tau": round(r.tau, 2) if r.tau else None,
+            "same_tokens_as_mlx_lm": all(a[: len(b)] == b[: len(a)] for a, b in zip(r.outputs, base.outputs)),
+            "block_sizes": histogram(r.sizes) if r.sizes else None,
+        }
+        for r in results
+    ]
+
+
 def run_bench(
     model_path: Optional[str] = None,
     draft_path: Optional[str] = None,
@@ -114,9 +162,12 @@ def run_bench(
     block_size: Optional[int] = None,
     reference: bool = True,
     progress: Optional[Callable[[str], None]] = None,
+    fixed_sizes: Sequence[int] = (),
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method. `draft_path`
-    "random" measures the loop's overhead with an untrained drafter."""
+    "random" measures the loop's overhead with an untrained drafter. Ours runs with
+    `block_size` (None: adaptive, one policy across the prompts, as a chat keeps one),
+    and once more for each of `fixed_sizes`."""
     import mlx_lm
 
     from dflash_mlx import load, load_draft, stream_generate
@@ -136,6 +187,7 @@ def run_bench(
                 block_size,
                 reference,
                 progress,
+                fixed_sizes,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     drafter = load_draft(draft_path, model=model)
@@ -147,14 +199,23 @@ def run_bench(
         )
         return chunks, seconds, 0, 0
 
-    def ours(prompt):
-        chunks, seconds, last = _clock(
-            stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=block),
-            lambda r: [r.token],
-        )
-        return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths)
+    def ours(size: Optional[int]) -> Callable:
+        policy = BlockSizePolicy(drafter.config.block_size) if size is None else None
 
-    methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours}
+        def run(prompt):
+            chunks, seconds, last = _clock(
+                stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=size,
+                                policy=policy),
+                lambda r: [r.token],
+            )
+            return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths), last.stats.block_sizes
+
+        return run
+
+    methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours(block_size)}
+    for size in fixed_sizes:
+        if size != block_size and 2 <= size <= drafter.config.block_size:
+            methods[f"dflash-mlx B={size}"] = ours(size)
     zlab = _zlab_method(model_dir, draft_dir, block, max_tokens) if reference else None
     if zlab is not None:
         methods["z-lab MLX (reference)"] = zlab
@@ -162,43 +223,12 @@ def run_bench(
     def chat(text: str) -> list[int]:
         return apply_chat_template(tokenizer, user_messages(text))
 
-    results = {name: MethodResult(name) for name in methods}
-    for run in methods.values():  # warm-up
-        run(chat("Hi"))
-    for i, text in enumerate(prompts):
-        prompt = chat(text)
-        order = list(methods.items())
-        order = order[i % len(order) :] + order[: i % len(order)]  # who goes first rotates
-        for name, run in order:  # interleaved, so noise hits all methods alike
-            if progress:
-                progress(f"prompt {i + 1}/{len(prompts)}: {name}")
-            chunks, seconds, cycles, committed = run(prompt)
-            tokens = [t for c in chunks for t in c]
-            r = results[name]
-            r.tokens += len(tokens) - len(chunks[0])
-            r.seconds += seconds
-            r.cycles += cycles
-            r.committed += committed
-            r.outputs.append(tokens)
-    base = results["mlx-lm"]
-    rows = []
-    for r in results.values():
-        same = all(a[: len(b)] == b[: len(a)] for a, b in zip(r.outputs, base.outputs))
-        rows.append(
-            {
-                "method": r.name,
-                "tokens": r.tokens,
-                "seconds": round(r.seconds, 3),
-                "tokens_per_second": round(r.tokens_per_second, 2),
-                "speedup": round(r.tokens_per_second / base.tokens_per_second, 2),
-                "tau": round(r.tau, 2) if r.tau else None,
-                "same_tokens_as_mlx_lm": same,
-            }
-        )
+    results = _run_interleaved(methods, [chat(text) for text in prompts], chat("Hi"), progress)
+    rows = _rows(results)
     return {
         "model": model_dir,
         "draft": str(draft_dir),
-        "block_size": block,
+        "block_size": block_size or "adaptive",
         "max_tokens": max_tokens,
         "prompts": len(prompts),
         "results": rows,
@@ -211,13 +241,14 @@ def markdown_table(report: dict) -> str:
         f"model `{Path(report['model']).name}`, draft `{Path(report['draft']).name}`, block {report['block_size']}, "
         f"{report['prompts']} prompts x {report['max_tokens']} max new tokens, greedy",
         "",
-        "| method | tokens | tok/s | speedup | tau | same tokens as mlx-lm |",
-        "|---|---:|---:|---:|---:|---|",
+        "| method | tokens | tok/s | speedup | tau | block sizes (size: cycles) | same tokens as mlx-lm |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for r in report["results"]:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
+        sizes = " ".join(f"{b}:{n}" for b, n in enumerate(r.get("block_sizes") or [], 1) if n) or "-"
         lines.append(
-            f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} | "
+            f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} | {sizes} | "
             f"{'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |"
         )
     return "\n".join(lines)
