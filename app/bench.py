@@ -40,7 +40,9 @@ class MethodResult:
     outputs: list[list[int]] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # block size of every cycle (ours)
 
-    def add(self, chunks: list[list[int]], seconds: float, cycles: int, committed: int, sizes: Sequence[int] = ()) -> None:
+    def add(
+        self, chunks: list[list[int]], seconds: float, cycles: int, committed: int, sizes: Sequence[int] = ()
+    ) -> None:
         """Count one prompt's run: its tokens per yield, time, draft/verify cycles, block sizes."""
         tokens = [t for c in chunks for t in c]
         self.tokens += len(tokens) - len(chunks[0])

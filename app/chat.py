@@ -155,7 +155,7 @@ class ChatApp(SlashCommands, App):
             colours = f"[{DRAFT_STYLE}]drafted[/] · [{TARGET_STYLE}]target[/]"
         else:
             colours = "ctrl+d: colour drafted tokens"
-        block = self.last.block_size if self.last and not self.last.baseline else None
+        block = self.last.block_in_use if self.last and not self.last.baseline else None
         describe = self.settings.describe(self.has_draft, block)
         panel.border_subtitle = f"{describe} · {colours}"
 
@@ -209,8 +209,8 @@ class ChatApp(SlashCommands, App):
             self.refresh_stats(f"prefill {event.done}/{event.total} tokens")
         elif isinstance(event, Finished):
             self.last = event.stats
+            self.session.totals.add(event.stats)  # before any await: a /stats typed meanwhile sees it
             await self.end_reply(event.reason, summary_line(event.stats, event.reason))
-            self.session.totals.add(event.stats)
         elif isinstance(event, Status):
             if not self.busy:
                 self.state = "loading"

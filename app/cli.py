@@ -97,7 +97,10 @@ def bench(
         None, "--prompts", help="A text file (one prompt a line) or JSONL with a 'prompt' field."
     ),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
-    block_size: Optional[int] = typer.Option(None, "--block-size"),
+    block_size: Optional[int] = typer.Option(
+        None, "--block-size", help="Ours verifies this many tokens (default: adaptive)."
+    ),
+    fixed: str = typer.Option("4,8,16", "--fixed", help="Also run ours with these fixed block sizes ('' for none)."),
     reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
 ) -> None:
@@ -116,6 +119,7 @@ def bench(
             block_size,
             reference,
             progress=lambda msg: status.update(msg),
+            fixed_sizes=[int(b) for b in fixed.split(",") if b.strip()],
         )
     print(markdown_table(report))
     if json_out:

@@ -36,8 +36,9 @@ class Settings:
     baseline: bool = False  # target-only decoding through the same loop
 
     def describe(self, has_draft: bool = True, block_in_use: int | None = None) -> str:
+        """The footer line; `block_in_use`: the block size of the last cycle, if any."""
         mode = "baseline (target only)" if self.baseline or not has_draft else "DFlash"
-        size = self.block_size or block_in_use or "auto"
+        size = self.block_size or ("auto" + (f" ({block_in_use})" if block_in_use else ""))
         block = "" if self.baseline or not has_draft else f" B={size}"
         return f"{mode}{block} · T={self.temp:g} · top-p {self.top_p:g} · max {self.max_tokens}"
 
@@ -57,6 +58,8 @@ class Snapshot:
     peak_memory: float = 0.0
     baseline: bool = False
     block_size: int | None = None
+    block_in_use: int | None = None  # the last cycle's block size (adaptive: what it chose)
+    size_histogram: tuple[int, ...] = ()  # [b - 1]: cycles that verified b tokens
     cycles: int = 0
     mean_acceptance: float = 0.0
     accepted_lengths: tuple[int, ...] = ()  # the last BAR_HISTORY blocks
@@ -157,6 +160,8 @@ def _snapshot(response: Any, baseline: bool, draft_tokens_out: int) -> Snapshot:
         peak_memory=getattr(response, "peak_memory", 0.0) or 0.0,
         baseline=baseline,
         block_size=getattr(stats, "block_size", None),
+        block_in_use=(getattr(stats, "block_sizes", None) or [None])[-1],
+        size_histogram=tuple(getattr(stats, "size_histogram", None) or ()),
         cycles=getattr(stats, "cycles", 0) or 0,
         mean_acceptance=getattr(stats, "mean_acceptance", 0.0) or 0.0,
         accepted_lengths=tuple(lengths[-BAR_HISTORY:]),

@@ -77,6 +77,9 @@ class Session:
             if last.accepted_lengths and not last.baseline:
                 tail = " ".join(map(str, last.accepted_lengths[-24:]))
                 lines.append(f"Accepted per block (last {min(24, len(last.accepted_lengths))}): {tail}")
+            if last.size_histogram and not last.baseline:
+                sizes = " ".join(f"{b}:{n}" for b, n in enumerate(last.size_histogram, 1) if n)
+                lines.append(f"Block sizes chosen (size:cycles): {sizes}")
         lines.append(self.totals.line())
         return "\n".join(lines)
 

@@ -4,6 +4,7 @@ from .blas import preload as _preload_blas
 
 _preload_blas()  # must run before the first `import mlx`
 
+from .adaptive import BlockSizePolicy  # noqa: E402
 from .drafter import Drafter, DrafterConfig  # noqa: E402
 from .loading import load, load_draft  # noqa: E402
 from .speculative import (  # noqa: E402
@@ -12,11 +13,14 @@ from .speculative import (  # noqa: E402
     PromptCache,
     generate,
     generate_step,
+    histogram,
     make_prompt_cache,
     stream_generate,
 )
+from .sampling import SamplingParams  # noqa: E402
 
 __all__ = [
-    "Drafter", "DrafterConfig", "GenerationResponse", "GenerationStats", "PromptCache",
-    "generate", "generate_step", "load", "load_draft", "make_prompt_cache", "stream_generate",
+    "BlockSizePolicy", "Drafter", "DrafterConfig", "GenerationResponse", "GenerationStats", "PromptCache",
+    "SamplingParams", "generate", "generate_step", "histogram", "load", "load_draft", "make_prompt_cache",
+    "stream_generate",
 ]

@@ -28,5 +28,7 @@ def test_bench_cli_writes_json(default_model_dir, tmp_path):
                                       "--prompts", str(prompts), "-m", "6", "--no-reference", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert [r["method"] for r in report["results"]] == ["mlx-lm", "dflash-mlx (ours)"]
+    assert [r["method"] for r in report["results"]] == ["mlx-lm", "dflash-mlx (ours)", "dflash-mlx B=4",
+                                                        "dflash-mlx B=8", "dflash-mlx B=16"]
+    assert sum(report["results"][1]["block_sizes"]) == report["results"][1]["tokens"]  # adaptive: one cycle a token
     assert "| dflash-mlx (ours) |" in result.output

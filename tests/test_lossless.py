@@ -198,7 +198,7 @@ def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):
     cache = make_prompt_cache(model, drafter)
     prompt = chat(tokenizer, PROMPTS[4])
     policy = ScriptedPolicy([1, 3, 1, 1, BLOCK, 2, 1])
-    last = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=40, prompt_cache=cache, policy=policy))[-1]
+    *_, last = stream_generate(model, tokenizer, prompt, drafter, max_tokens=40, prompt_cache=cache, policy=policy)
     assert {1, 3, BLOCK} <= set(last.stats.block_sizes)
     cache.flush()  # features of the last plain steps wait for the next draft
     assert cache.draft_length == len(cache.tokens)
