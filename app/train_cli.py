@@ -9,14 +9,7 @@ from typing import List, Optional
 
 import typer
 
-
-def _ids(text: Optional[str]) -> Optional[list[int]]:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise ValueError(f"--target-layer-ids must be comma-separated integers, got {text!r}") from None
+from dflash_mlx.config import parse_layer_ids
 
 
 def data_command(
@@ -85,7 +78,7 @@ def train_command(
     if not data_file.is_file():
         raise FileNotFoundError(f"no training data at {data_file}")
     args = TrainArgs(data=str(data_file), out=str(out), model=model, num_layers=num_layers,
-                     target_layer_ids=_ids(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
+                     target_layer_ids=parse_layer_ids(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
                      intermediate_size=intermediate_size, gamma=gamma, init=init, distill=distill, top_k=top_k,
                      features=str(features) if features else None, batch_size=batch_size,
                      num_anchors=num_anchors, max_len=max_len, epochs=epochs, max_steps=max_steps,

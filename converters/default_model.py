@@ -12,10 +12,9 @@ module registers it as the engine's default model (`dflash_mlx.defaults`).
 from __future__ import annotations
 
 import importlib.util
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
+from dflash_mlx.atomic import exclusive_lock
 from dflash_mlx.defaults import cache_dir, register_default_model
 
 __all__ = [
@@ -53,23 +52,6 @@ def default_gguf_path() -> Path:
     )
 
 
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (no-op where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not a platform MLX runs on
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def default_model_path(progress: bool = True) -> Path:
     """Path of the default model directory, importing it from the GGUF on first use.
 
@@ -91,7 +73,7 @@ def default_model_path(progress: bool = True) -> Path:
     if is_complete(target):
         return target
     gguf = default_gguf_path()
-    with _lock(models / f".{DEFAULT_MODEL_NAME}.lock"):
+    with exclusive_lock(models / f".{DEFAULT_MODEL_NAME}.lock"):
         if is_complete(target):  # another process finished while we waited
             return target
         import_gguf(gguf, target, dtype="float32", overwrite=target.exists(), progress=progress)

@@ -1,9 +1,11 @@
-"""Write a directory all at once or not at all.
+"""Write a directory all at once or not at all, and take turns writing shared files.
 
 Converting a drafter, exporting one, importing a GGUF model and saving a training
 checkpoint all write a directory of several files that is only useful complete. They
 build it in a hidden temporary sibling and rename it into place at the end, so a failure
 or an interrupt leaves the old directory (or nothing) behind, never half of a new one.
+Files that several processes append to (the training feature cache) or build once (the
+imported default model) are written under an exclusive lock.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_directory"]
+__all__ = ["atomic_directory", "exclusive_lock"]
 
 
 @contextmanager
@@ -67,3 +69,21 @@ def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         old.unlink(missing_ok=True)
+
+
+@contextmanager
+def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive advisory lock on the file `path` (created if missing) while the
+    block runs; other processes asking for it wait. A no-op where fcntl is missing."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a platform MLX runs on
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dflash_mlx.train.prompts import (chat_prompts, collect_prompts, math_prompts, read_prompt_file, split_heldout,
+from dflash_mlx.messages import read_prompt_file
+from dflash_mlx.train.prompts import (chat_prompts, collect_prompts, math_prompts, split_heldout,
                              stdlib_prompts)
 
 

@@ -16,17 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from ..messages import apply_chat_template
 from .prompts import collect_prompts, split_heldout
-
-
-def encode_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """Chat-template a prompt (plain text when the tokenizer has no template)."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict):
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer.encode("\n".join(m["content"] for m in messages)))
 
 
 def generate_answers(model: Any, tokenizer: Any, prompts: list[dict], max_tokens: int,
@@ -44,7 +35,7 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[dict], max_tokens
     chunk = 4 * batch_size
     for start in range(0, len(prompts), chunk):
         batch = prompts[start: start + chunk]
-        encoded = [encode_prompt(tokenizer, p["messages"])[-max_prompt_tokens:] for p in batch]
+        encoded = [apply_chat_template(tokenizer, p["messages"])[-max_prompt_tokens:] for p in batch]
         t0 = time.perf_counter()
         resp = batch_generate(model, tokenizer, encoded, max_tokens=max_tokens, return_token_ids=True,
                               completion_batch_size=batch_size, sampler=make_sampler(temp))

@@ -7,45 +7,37 @@ lengths (histogram[n - 1] = cycles that committed n tokens) and tokens/s.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .data import encode_prompt
-from .prompts import collect_prompts, read_prompt_file
+from ..messages import apply_chat_template, read_prompt_file
+from .prompts import collect_prompts
 
 
 def read_eval_prompts(path: str | Path) -> list[dict]:
-    """Held-out prompts written by `dflash data` (records with `messages`), or any prompt
-    JSONL that `dflash data` accepts."""
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
-        if line.strip():
-            rec = json.loads(line)
-            if "messages" in rec and "source" in rec:
-                out.append(rec)
-            else:
-                return read_prompt_file(path)
-    return out
+    """Held-out prompts written by `dflash data`, or any prompt file `dflash data` reads."""
+    return read_prompt_file(path)
 
 
 def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], *, max_tokens: int = 128,
              temps: Sequence[float] = (0.0, 1.0), block_size: Optional[int] = None, seed: int = 0,
              log: Optional[Callable[[str], None]] = None) -> dict:
-    """Run every prompt at every temperature; returns
-    {temp: {source: {tau, histogram, cycles, tokens, seconds}, "all": {...}}}."""
-    from ..speculative import stream_generate
+    """Run every prompt at every temperature with a fixed block (the drafter's B unless
+    given: tau measures the drafter, not the adaptive policy); returns
+    {temp: {source: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}}."""
+    from ..speculative import histogram, stream_generate
 
+    B = block_size or drafter.config.block_size
     results: dict = {}
     for temp in temps:
         per: dict[str, dict] = {}
         for i, p in enumerate(prompts):
-            ids = encode_prompt(tokenizer, p["messages"])
+            ids = apply_chat_template(tokenizer, p["messages"])
             last = None
             t0 = time.perf_counter()
             for last in stream_generate(model, tokenizer, ids, drafter, max_tokens=max_tokens, temp=temp,
-                                        block_size=block_size, seed=seed + i if temp > 0 else None):
+                                        block_size=B, seed=seed + i if temp > 0 else None):
                 pass
             dt = time.perf_counter() - t0
             s = last.stats
@@ -57,18 +49,27 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
                 agg["prompts"] += 1
             if log:
                 log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('source', '')}: tau {s.mean_acceptance:.2f}")
-        B = block_size or drafter.config.block_size
         out = {}
         for key, agg in per.items():
             lengths = agg["accepted_lengths"]
-            hist = [0] * max(B, max(lengths, default=0))
-            for n in lengths:
-                hist[n - 1] += 1
+            hist = histogram(lengths, B)
             out[key] = {"tau": round(sum(lengths) / max(len(lengths), 1), 3), "histogram": hist,
+                        "position_acceptance": position_acceptance(hist),
                         "cycles": len(lengths), "tokens": agg["tokens"], "prompts": agg["prompts"],
                         "tokens_per_s": round(agg["tokens"] / max(agg["seconds"], 1e-9), 2)}
         results[f"{temp:g}"] = out
     return results
+
+
+def position_acceptance(hist: Sequence[int]) -> list[Optional[float]]:
+    """P(draft k accepted | drafts 1..k-1 accepted) for k = 1 .. B-1, from a histogram of
+    committed lengths (a cycle that commits n tokens accepted drafts 1..n-1 and rejected
+    draft n, unless n = B). None where no cycle reached position k."""
+    out: list[Optional[float]] = []
+    for k in range(1, len(hist)):
+        reached = sum(hist[k - 1 :])  # cycles that accepted drafts 1..k-1
+        out.append(round(sum(hist[k:]) / reached, 3) if reached else None)
+    return out
 
 
 def format_results(results: dict) -> str:
@@ -78,6 +79,9 @@ def format_results(results: dict) -> str:
         for key, r in sorted(per.items(), key=lambda kv: (kv[0] == "all", kv[0])):
             lines.append(f"  {key:<12} tau {r['tau']:5.2f}  ({r['cycles']} cycles, {r['tokens']} tokens, "
                          f"{r['tokens_per_s']:.1f} tok/s)  histogram {r['histogram']}")
+            if key == "all":
+                acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["position_acceptance"])
+                lines.append(f"  per-position acceptance (drafts 1..): {acc}")
     return "\n".join(lines)
 
 

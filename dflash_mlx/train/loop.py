@@ -28,6 +28,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..atomic import atomic_directory, exclusive_lock
 from ..drafter import Drafter, load_drafter_dir, save_drafter
 from ..target import Target
 from .data import load_sequences
@@ -98,18 +99,12 @@ def save_checkpoint(out: Path, drafter: Drafter, optimizer: optim.Optimizer, sta
     """`out` stays a loadable drafter; `out/checkpoint` (also a drafter) adds the optimiser
     and the state. The checkpoint directory is replaced whole, so a crash mid-write leaves
     the previous one."""
-    tmp = out / "checkpoint.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_drafter(drafter, tmp)
-    # not *.safetensors: the checkpoint directory itself stays a loadable drafter
-    mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(optimizer.state)))
-    (tmp / "state.json").write_text(json.dumps({**asdict(state), "args": asdict(args)}, indent=2) + "\n")
-    ck, old = out / "checkpoint", out / "checkpoint.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if ck.exists():
-        ck.rename(old)
-    tmp.rename(ck)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_directory(out / "checkpoint", overwrite=True) as tmp:
+        save_drafter(drafter, tmp)
+        # not *.safetensors: the checkpoint directory itself stays a loadable drafter
+        mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(optimizer.state)))
+        (tmp / "state.json").write_text(json.dumps({**asdict(state), "args": asdict(args)}, indent=2) + "\n")
+    ck = out / "checkpoint"
     for name in ("config.json", "model.safetensors"):
         shutil.copyfile(ck / name, out / f".{name}.tmp")
         os.replace(out / f".{name}.tmp", out / name)
@@ -220,12 +215,13 @@ class Trainer:
             raise ValueError(f"no usable sequences in {a.data}")
         width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
         if self.rank == 0:
-            store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
-            missing = sum(k not in store for k, _, _ in seqs)
-            if missing:
-                with self._bar("features", missing) as advance:
-                    fill_store(store, self.target, {k: t for k, t, _ in seqs}, self.cfg.target_layer_ids,
-                               on_progress=lambda done, total: advance(done))
+            with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
+                store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
+                missing = sum(k not in store for k, _, _ in seqs)
+                if missing:
+                    with self._bar("features", missing) as advance:
+                        fill_store(store, self.target, {k: t for k, t, _ in seqs}, self.cfg.target_layer_ids,
+                                   on_progress=lambda done, total: advance(done))
         if self.world > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")

