@@ -104,6 +104,7 @@ class FakeBackend:
         for b, block in enumerate(blocks):
             stats.cycles += 1
             stats.accepted_lengths.append(len(block))
+            stats.block_sizes.append(stats.block_size if draft_model is not None else 1)
             if draft_model is not None:
                 stats.drafted_tokens += stats.block_size - 1
                 stats.accepted_drafted_tokens += len(block) - 1
