@@ -1,4 +1,4 @@
-"""The `dflash` command line: generate, bench, convert, export, data, train, eval.
+"""The `dflash` command line: generate, bench, serve, convert, export, data, train, eval.
 
 Each command parses its options, calls the engine (`dflash_mlx`) or the converters, and
 prints. Expected failures (`dflash_mlx.errors.EXPECTED_ERRORS`) become one line on
@@ -180,6 +180,27 @@ def export_command(
 ) -> None:
     """Export an MLX drafter to z-lab's PyTorch layout (for SGLang / vLLM / z-lab's loader)."""
     export_drafter(draft_dir, output_dir, dtype=dtype, revision=revision, force=force)
+
+
+@app.command()
+@one_line_errors
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port"),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Fixed block size (default: adaptive)."),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="For requests that do not set max_tokens."),
+) -> None:
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
+    from .serve_worker import Worker
+    from .server import run_server
+
+    if block_size is not None and block_size < 2:
+        raise ValueError(f"--block-size must be at least 2, got {block_size}")
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+    run_server(Worker(model, draft, block_size=block_size, default_max_tokens=max_tokens), host, port)
 
 
 from app.train_cli import data_command, eval_command, train_command  # noqa: E402

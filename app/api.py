@@ -1,0 +1,308 @@
+"""The OpenAI wire format of `dflash serve`: requests checked into one plain object, and
+the response bodies built from what the worker reports.
+
+Every request is checked here, before it is queued, so that a bad one costs the worker
+nothing and gets a 4xx with OpenAI's error body (`{"error": {"message", "type", "param",
+"code"}}`) naming the field at fault. Fields the server cannot honour (tools, logprobs,
+n > 1, ...) are refused rather than silently ignored; unknown fields are ignored, as
+OpenAI-compatible servers do, because clients send many optional ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from dflash_mlx.messages import apply_chat_template
+
+__all__ = [
+    "APIError",
+    "CompletionRequest",
+    "ModelInfo",
+    "chunk",
+    "completion_body",
+    "dflash_stats",
+    "parse_request",
+    "usage",
+]
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOP = 16
+#: Fields refused when set to anything but their off value: we do not implement them.
+UNSUPPORTED = ("tools", "functions", "tool_choice", "logprobs", "top_logprobs", "echo", "suffix", "logit_bias")
+
+
+class APIError(Exception):
+    """A request the server refuses: an HTTP status and OpenAI's error fields."""
+
+    def __init__(self, message: str, *, status: int = 400, param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    @property
+    def kind(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict:
+        """OpenAI's error body."""
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What request checking needs to know about the served model."""
+
+    id: str
+    tokenizer: Any
+    context_length: int
+    default_max_tokens: int
+    aliases: tuple[str, ...] = ()
+    has_draft: bool = True
+
+
+@dataclass
+class CompletionRequest:
+    """One checked request, ready for the worker."""
+
+    chat: bool  # /v1/chat/completions, else /v1/completions
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    model: str = ""
+    id: str = ""
+    created: int = 0
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise APIError(f"'{name}' must be a number", param=name, code="invalid_type")
+    return float(value)
+
+
+def _integer(body: dict, name: str) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise APIError(f"'{name}' must be an integer", param=name, code="invalid_type")
+    return value
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise APIError(f"'{name}' must be true or false", param=name, code="invalid_type")
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    value = body.get("stop")
+    stops = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise APIError("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
+    if len(stops) > MAX_STOP:
+        raise APIError(f"'stop' takes at most {MAX_STOP} strings", param="stop")
+    return [s for s in stops if s]
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name in UNSUPPORTED:
+        if body.get(name) not in (None, False, [], {}, "", "none", 0):
+            raise APIError(f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    for name in ("n", "best_of"):
+        if body.get(name) not in (None, 1):
+            raise APIError(f"'{name}' must be 1: this server returns one choice", param=name)
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type", "text") == "text"):
+        raise APIError("only response_format {'type': 'text'} is supported", param="response_format")
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def _content(message: Any, i: int) -> tuple[str, str]:
+    """(role, text) of one chat message; text parts of a content list are joined."""
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise APIError(f"'{where}' must be an object with 'role' and 'content'", param=where, code="invalid_type")
+    role = message.get("role")
+    if role not in ROLES:
+        raise APIError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{where}.role")
+    content = message.get("content")
+    text_parts = isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    )
+    if text_parts:
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise APIError(
+            f"'{where}.content' must be a string or a list of text parts", param=f"{where}.content", code="invalid_type"
+        )
+    return ROLES[role], content
+
+
+def _chat_prompt(body: dict, tokenizer: Any) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
+    turns = [dict(zip(("role", "content"), _content(m, i))) for i, m in enumerate(messages)]
+    return list(apply_chat_template(tokenizer, turns))
+
+
+def _text_prompt(body: dict, tokenizer: Any) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        bos = getattr(tokenizer, "bos_token", None)
+        return list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        vocab = len(tokenizer.get_vocab()) if hasattr(tokenizer, "get_vocab") else None
+        if vocab and any(not 0 <= t < vocab for t in prompt):
+            raise APIError(f"'prompt' token ids must be in [0, {vocab})", param="prompt")
+        return list(prompt)
+    raise APIError("'prompt' must be a string or a list of token ids", param="prompt", code="invalid_type")
+
+
+# --------------------------------------------------------------------------- request
+
+
+def _max_tokens(body: dict, info: ModelInfo, prompt_tokens: int) -> int:
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = _integer(body, name)
+    if value is None:
+        value = info.default_max_tokens
+    elif not 1 <= value <= info.context_length:
+        raise APIError(f"'{name}' must be between 1 and {info.context_length}; got {value}", param=name)
+    if prompt_tokens >= info.context_length:
+        raise APIError(
+            f"the prompt is {prompt_tokens} tokens; this model's context is {info.context_length}",
+            param="messages" if "messages" in body else "prompt",
+            code="context_length_exceeded",
+        )
+    return min(value, info.context_length - prompt_tokens)
+
+
+def _sampling(body: dict) -> dict:
+    temperature = _number(body, "temperature", 1.0)
+    if temperature < 0:
+        raise APIError(f"'temperature' must be >= 0; got {temperature:g}", param="temperature")
+    top_p = _number(body, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise APIError(f"'top_p' must be in (0, 1]; got {top_p:g}", param="top_p")
+    top_k = _integer(body, "top_k") or 0
+    if top_k < -1:
+        raise APIError(f"'top_k' must be >= 0 (0 or -1: off); got {top_k}", param="top_k")
+    seed = _integer(body, "seed")
+    return dict(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=None if seed is None else seed % 2**63)
+
+
+def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionRequest:
+    """Check a decoded JSON body and tokenize its prompt. Raises `APIError`."""
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object", code="invalid_type")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise APIError("'model' must be a string", param="model", code="invalid_type")
+    if model and model not in (info.id, *info.aliases):
+        raise APIError(
+            f"the model '{model}' does not exist; this server has '{info.id}'",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
+    _refuse_unsupported(body)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise APIError("'stream_options' must be an object", param="stream_options", code="invalid_type")
+    prompt = _chat_prompt(body, info.tokenizer) if chat else _text_prompt(body, info.tokenizer)
+    if not prompt:
+        raise APIError("the prompt is empty", param="messages" if chat else "prompt")
+    return CompletionRequest(
+        chat=chat,
+        prompt=prompt,
+        max_tokens=_max_tokens(body, info, len(prompt)),
+        stop=_stop(body),
+        stream=_flag(body, "stream"),
+        include_usage=_flag(options or {}, "include_usage"),
+        model=info.id,
+        id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
+        created=int(time.time()),
+        **_sampling(body),
+    )
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's `usage` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def dflash_stats(stats: Any, generation_tps: float, prompt_tps: float) -> dict:
+    """The `dflash` object: how speculative decoding went for this request."""
+    if stats is None:
+        return {}
+    return {
+        "tau": round(stats.mean_acceptance, 4),
+        "accepted_length_histogram": stats.histogram,
+        "block_size": stats.block_size,
+        "adaptive": stats.adaptive,
+        "block_size_histogram": stats.size_histogram,
+        "cycles": stats.cycles,
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_drafted_tokens": stats.accepted_drafted_tokens,
+        "tokens_per_second": round(generation_tps, 2),
+        "prompt_tokens_per_second": round(prompt_tps, 2),
+    }
+
+
+def _head(req: CompletionRequest, obj: str) -> dict:
+    return {"id": req.id, "object": obj, "created": req.created, "model": req.model}
+
+
+def completion_body(req: CompletionRequest, text: str, finish_reason: str, use: dict, dflash: dict) -> dict:
+    """A whole (non-streamed) chat.completion or text_completion."""
+    if req.chat:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {**_head(req, "chat.completion"), "choices": [choice], "usage": use, "dflash": dflash}
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {**_head(req, "text_completion"), "choices": [choice], "usage": use, "dflash": dflash}
+
+
+def chunk(req: CompletionRequest, text: Optional[str], finish_reason: Optional[str] = None, **extra: Any) -> dict:
+    """One streamed chunk; `text=None` with no finish reason opens a chat reply (the role)."""
+    if req.chat:
+        delta = {"role": "assistant", "content": ""} if text is None and finish_reason is None else {}
+        if text:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {**_head(req, "chat.completion.chunk"), "choices": [choice], **extra}
+    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return {**_head(req, "text_completion"), "choices": [choice], **extra}

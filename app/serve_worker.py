@@ -1,0 +1,293 @@
+"""The server's worker: one long-lived thread that owns the model and runs every request.
+
+MLX streams are thread-local, so the target, the drafter and the prompt caches are
+created and used on this one thread only. Requests queue in arrival order and run one at
+a time, each to the end (or until its client goes away: the worker checks after every
+token, so a cancelled request stops within the cycle it is in). The asyncio side hears
+back through the job's own queue, fed thread-safely.
+
+Prompt caches: a few are kept (`CachePool`). A request that extends a conversation whose
+tokens a cache holds (the next turn of a chat) continues that cache and prefills only
+the new messages; any other request takes a fresh cache while there is room, else the
+one that shares the longest prefix with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from app.api import CompletionRequest, ModelInfo
+from app.engine import describe_error
+
+__all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "QueueFull", "Worker"]
+
+QUEUE_POLICY = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text of a running request."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """A request finished: "stop" (EOS or a stop string), "length" or "cancelled"."""
+
+    finish_reason: str
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    stats: Any = None  # dflash_mlx.GenerationStats
+    generation_tps: float = 0.0
+    prompt_tps: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request failed on the worker; `message` is one line."""
+
+    message: str
+
+
+class QueueFull(Exception):
+    """The worker's queue is at its bound."""
+
+
+class _Cancelled(Exception):
+    """Raised in the prefill callback to abandon a cancelled request's prefill."""
+
+
+@dataclass
+class Job:
+    """A request on its way through the worker, and the channel back to its handler."""
+
+    request: CompletionRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    generated: int = 0  # tokens so far (written by the worker)
+    generated_at_cancel: Optional[int] = None
+
+    def cancel(self) -> None:
+        """Stop this request (its client went away); safe from any thread, idempotent."""
+        if not self.cancelled.is_set():
+            self.generated_at_cancel = self.generated
+            self.cancelled.set()
+
+    def emit(self, event: Delta | Done | Failed) -> None:
+        """Hand an event to the handler's event loop (called on the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is gone: nobody is listening any more
+            self.cancel()
+
+
+class CachePool:
+    """Up to `size` prompt caches; see the module docstring for which one a prompt gets."""
+
+    def __init__(self, make: Any, size: int = 4):
+        self.make, self.size = make, size
+        self.caches: list = []  # most recently used last
+
+    @staticmethod
+    def _shared(tokens: Sequence[int], prompt: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(tokens, prompt):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def take(self, prompt: Sequence[int]) -> Any:
+        """The cache to decode `prompt` with (marked most recently used)."""
+        scored = [(self._shared(c.tokens, prompt), i) for i, c in enumerate(self.caches)]
+        best = max(scored, default=None)
+        extends = best is not None and best[0] == len(self.caches[best[1]].tokens) and best[0] > 0
+        if extends or (best is not None and len(self.caches) >= self.size):
+            cache = self.caches.pop(best[1])
+        else:
+            cache = self.make()
+        self.caches.append(cache)
+        return cache
+
+    def drop(self, cache: Any) -> None:
+        """Forget a cache whose state is unknown (a failed or abandoned prefill)."""
+        if cache in self.caches:
+            self.caches.remove(cache)
+
+
+class Worker:
+    """Loads the model and runs queued requests on its own thread.
+
+    Args:
+        model, draft: references for `load` / `load_draft` (None: the defaults).
+        block_size: fixed block size, or None for adaptive.
+        default_max_tokens: for requests that do not set one.
+        max_queue: requests waiting at most (beyond that `submit` raises `QueueFull`).
+        no_draft: decode with the target alone.
+    """
+
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        draft: Optional[str] = None,
+        *,
+        block_size: Optional[int] = None,
+        default_max_tokens: int = 512,
+        max_queue: int = 64,
+        cache_slots: int = 4,
+        no_draft: bool = False,
+    ):
+        self.model_ref, self.draft_ref, self.no_draft = model, draft, no_draft
+        self.block_size, self.default_max_tokens, self.cache_slots = block_size, default_max_tokens, cache_slots
+        self.info: Optional[ModelInfo] = None
+        self.load_error: Optional[str] = None
+        self.ready = threading.Event()  # set once loading ended, well or not
+        self.running: Optional[Job] = None
+        self.served = 0
+        self._jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name="dflash-serve", daemon=True)
+        self.model = self.tokenizer = self.draft = self.pool = None  # owned by the worker thread
+
+    # ---- any thread
+
+    def start(self, timeout: Optional[float] = None) -> ModelInfo:
+        """Start the thread and wait for the model; raises RuntimeError if it did not load."""
+        self._thread.start()
+        self.ready.wait(timeout)
+        if self.info is None:
+            raise RuntimeError(self.load_error or "the model did not load in time")
+        return self.info
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job behind those already waiting."""
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull(f"{self._jobs.maxsize} requests are already waiting") from None
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Cancel the running request and stop the thread (queued ones are cancelled)."""
+        if self.running is not None:
+            self.running.cancel()
+        while True:
+            try:
+                self._jobs.get_nowait().cancel()
+            except queue.Empty:
+                break
+        self._jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---- the worker thread
+
+    def _load(self) -> None:
+        import dflash_mlx
+
+        self.model, self.tokenizer = dflash_mlx.load(self.model_ref)
+        self.draft = None if self.no_draft else dflash_mlx.load_draft(self.draft_ref, model=self.model)
+        self.pool = CachePool(lambda: dflash_mlx.make_prompt_cache(self.model, self.draft), self.cache_slots)
+        args = getattr(self.model, "args", None)
+        context = getattr(args, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 0)
+        name = self.model_ref.rstrip("/").rsplit("/", 1)[-1] if self.model_ref else "SmolLM2-135M-Instruct"
+        aliases = tuple({self.model_ref, "default"} - {None, name})
+        context = int(context) if context and context < 10**7 else 4096
+        self.info = ModelInfo(name, self.tokenizer, context, self.default_max_tokens, aliases, self.draft is not None)
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except Exception as exc:
+            self.load_error = describe_error(exc)
+        finally:
+            self.ready.set()
+        while (job := self._jobs.get()) is not None:
+            self.running = job
+            try:
+                self._generate(job)
+            except Exception as exc:  # never let the worker die
+                job.emit(Failed(describe_error(exc)))
+            finally:
+                self.running = None
+                self.served += 1
+        self.model = self.tokenizer = self.draft = self.pool = None
+
+    def _options(self, req: CompletionRequest) -> dict:
+        """stream_generate's options. A seeded sampled request decodes with a fixed block
+        size: adaptive sizes depend on timings and would change which random numbers go
+        where, so the same seed would not give the same text. Unseeded sampled requests
+        get a fresh random seed (the generator is shared by all requests)."""
+        block, seed = self.block_size, req.seed
+        if req.temperature > 0 and seed is None:
+            seed = secrets.randbits(63)
+        elif req.temperature > 0 and block is None and self.draft is not None:
+            block = self.draft.config.block_size
+        return dict(
+            max_tokens=req.max_tokens,
+            temp=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            block_size=block,
+            seed=seed,
+            stop=req.stop,
+        )
+
+    def _generate(self, job: Job) -> None:
+        import dflash_mlx
+
+        if job.cancelled.is_set():
+            job.emit(Done("cancelled"))
+            return
+        cache = self.pool.take(job.request.prompt)
+
+        def progress(done: int, total: int) -> None:
+            if job.cancelled.is_set():
+                raise _Cancelled
+
+        responses = dflash_mlx.stream_generate(
+            self.model,
+            self.tokenizer,
+            job.request.prompt,
+            self.draft,
+            prompt_cache=cache,
+            prompt_progress_callback=progress,
+            **self._options(job.request),
+        )
+        last, reason = None, "cancelled"
+        try:
+            for last in responses:
+                job.generated = last.generation_tokens
+                if last.text:
+                    job.emit(Delta(last.text))
+                if last.finish_reason is not None:
+                    reason = last.finish_reason
+                    break
+                if job.cancelled.is_set():
+                    break
+        except _Cancelled:
+            self.pool.drop(cache)  # part of the prompt may be in it
+        except Exception:
+            self.pool.drop(cache)  # its state is unknown after a failure
+            raise
+        finally:
+            responses.close()
+        job.emit(_done(reason, last))
+
+
+def _done(reason: str, last: Any) -> Done:
+    if last is None:
+        return Done(reason)
+    stats = last.stats
+    cached = stats.prompt_cached if stats is not None else 0
+    return Done(reason, last.generation_tokens, last.prompt_tokens, cached, stats, last.generation_tps, last.prompt_tps)

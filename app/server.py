@@ -1,0 +1,219 @@
+"""`dflash serve`: an OpenAI-compatible HTTP server with DFlash speculative decoding under it.
+
+Starlette on uvicorn does the HTTP; `serve_worker.Worker` does every MLX evaluation on
+one thread, one request at a time in arrival order; `api` checks requests and shapes
+the answers. Every request, greedy or sampled, goes through `dflash_mlx.stream_generate`
+with the drafter, so what comes back is exactly the target's own distribution (greedy:
+its own tokens) -- the server never falls back to target-only decoding for sampling.
+
+A client that goes away stops its request: Starlette cancels a stream whose client
+disconnected, and a non-streamed request polls for the disconnect while it waits; both
+cancel the job, which the worker sees after the token it is on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import socket
+import sys
+from typing import AsyncIterator, Optional
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.api import APIError, CompletionRequest, chunk, completion_body, dflash_stats, parse_request, usage
+from app.serve_worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
+
+__all__ = ["create_app", "host_warning", "run_server"]
+
+DISCONNECT_POLL = 0.25  # seconds between disconnect checks of a non-streamed request
+
+
+def _error(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    return _error(exc)  # type: ignore[arg-type]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+    return _error(APIError(str(getattr(exc, "detail", "")) or "error", status=status, code=code))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return _error(APIError(f"internal error: {type(exc).__name__}: {exc}", status=500, code="internal_error"))
+
+
+def _sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+class _JobStream(StreamingResponse):
+    """A streamed answer that cancels its job however the response ends (done, client
+    gone, server stopping): the worker then moves on to the next request."""
+
+    def __init__(self, job: Job, content: AsyncIterator[bytes]):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+def _finish(req: CompletionRequest, done: Done) -> tuple[dict, dict]:
+    """(usage, dflash) of a finished request."""
+    use = usage(done.prompt_tokens or len(req.prompt), done.completion_tokens, done.cached_tokens)
+    return use, dflash_stats(done.stats, done.generation_tps, done.prompt_tps)
+
+
+async def _stream(job: Job) -> AsyncIterator[bytes]:
+    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+    req = job.request
+    if req.chat:
+        yield _sse(chunk(req, None))
+    while True:
+        event = await job.events.get()
+        if isinstance(event, Delta):
+            yield _sse(chunk(req, event.text))
+        elif isinstance(event, Failed):
+            yield _sse(APIError(event.message, status=500, code="generation_failed").body())
+            break
+        elif isinstance(event, Done):
+            use, dflash = _finish(req, event)
+            yield _sse(chunk(req, None, event.finish_reason, dflash=dflash))
+            if req.include_usage:
+                yield _sse({**chunk(req, None), "choices": [], "usage": use, "dflash": dflash})
+            break
+    yield _sse("[DONE]")
+
+
+async def _collect(job: Job, request: Request) -> dict:
+    """Wait for the whole answer of a non-streamed request, cancelling it if the client leaves."""
+    text = []
+    while True:
+        try:
+            event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+            continue
+        if isinstance(event, Delta):
+            text.append(event.text)
+        elif isinstance(event, Failed):
+            raise APIError(event.message, status=500, code="generation_failed")
+        else:
+            use, dflash = _finish(job.request, event)
+            return completion_body(job.request, "".join(text), event.finish_reason, use, dflash)
+
+
+async def _json_body(request: Request) -> object:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+
+
+def create_app(worker: Worker) -> Starlette:
+    """The Starlette app over a started `worker`."""
+
+    async def complete(request: Request, chat: bool) -> Response:
+        if worker.info is None:
+            raise APIError(f"the model is not loaded: {worker.load_error or 'loading'}", status=503)
+        body = await _json_body(request)
+        req = await anyio.to_thread.run_sync(lambda: parse_request(body, worker.info, chat=chat))
+        job = Job(req, asyncio.get_running_loop())
+        try:
+            worker.submit(job)
+        except QueueFull as exc:
+            raise APIError(f"the server is busy: {exc}; retry later", status=429, code="queue_full") from None
+        if req.stream:
+            return _JobStream(job, _stream(job))
+        try:
+            return JSONResponse(await _collect(job, request))
+        finally:
+            job.cancel()
+
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await complete(request, chat=False)
+
+    async def models(request: Request) -> Response:
+        info = worker.info
+        data = [{"id": info.id, "object": "model", "created": 0, "owned_by": "mlx-dflash"}] if info else []
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        status = "ok" if worker.info else "error" if worker.load_error else "loading"
+        queue = {"policy": QUEUE_POLICY, "running": int(worker.running is not None), "waiting": worker.waiting}
+        info = worker.info
+        body = {"status": status, "model": info and info.id, "draft": bool(info and info.has_draft), "queue": queue}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _server_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def host_warning(host: str) -> Optional[str]:
+    """A warning for a bind address other than loopback, else None."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return f"warning: listening on {host}: anyone who can reach this machine can use the model (no authentication)"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a busy port is one clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def run_server(worker: Worker, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
+    """Bind, load the model on the worker, and serve until interrupted."""
+    import uvicorn
+
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {port}")
+    warning = host_warning(host)
+    if warning:
+        print(warning, file=sys.stderr)
+    sock = _bind(host, port)
+    try:
+        info = worker.start()
+        print(f"serving {info.id} on http://{host}:{sock.getsockname()[1]}/v1 ({QUEUE_POLICY})", file=sys.stderr)
+        config = uvicorn.Config(create_app(worker), log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        worker.shutdown()
+        sock.close()
