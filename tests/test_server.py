@@ -1,0 +1,386 @@
+"""`dflash serve`: the OpenAI-compatible server, end to end with the real default model.
+
+In-process tests go through Starlette's TestClient; the disconnect, burst and `openai`
+client tests talk to a real uvicorn server on 127.0.0.1 at a free port (a thread of this
+process, sharing the one worker, so the model loads once). Loopback traffic only.
+Greedy output must equal plain mlx-lm greedy output (float32) token for token; a seeded
+sampled request must be reproducible. Tests that decode are marked `slow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import httpx
+import mlx_lm
+import pytest
+from typer.testing import CliRunner
+
+from app.api import APIError
+from app.serve_worker import CachePool, Worker
+from app.server import create_app, host_warning
+
+slow = pytest.mark.slow
+CHAT = "/v1/chat/completions"
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers greater than 10.",
+    "Give me a short tip for learning the guitar.",
+    "What is 17 times 23?",
+    "Name two planets.",
+    "Translate 'good morning' into Spanish.",
+    "Explain photosynthesis in one sentence.",
+]
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def worker(default_model_dir):
+    w = Worker(default_max_tokens=32)
+    w.start(timeout=600)
+    yield w
+    w.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(worker):
+    from starlette.testclient import TestClient
+
+    with TestClient(create_app(worker)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def live(worker):
+    """A real uvicorn server on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(worker), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(15)
+    sock.close()
+
+
+def wait_idle(worker: Worker, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while worker.running is not None or worker.waiting:
+        assert time.monotonic() < deadline, "the worker stayed busy"
+        time.sleep(0.02)
+
+
+def sse(lines) -> tuple[list[dict], bool]:
+    """The JSON events of a server-sent-event stream, and whether it ended with [DONE]."""
+    events, done = [], False
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            assert not done, "data after [DONE]"
+            if data == "[DONE]":
+                done = True
+            else:
+                events.append(json.loads(data))
+    return events, done
+
+
+def mlx_lm_greedy(default_model, prompt: list[int], max_tokens: int) -> tuple[str, int]:
+    model, tokenizer = default_model
+    out = list(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens))
+    return "".join(r.text for r in out), len(out)
+
+
+# --------------------------------------------------------------------------- quick tests
+
+
+def test_host_warning():
+    assert host_warning("127.0.0.1") is None and host_warning("localhost") is None and host_warning("::1") is None
+    assert "0.0.0.0" in host_warning("0.0.0.0")
+
+
+def test_cli_serve_warns_for_every_interface_and_fails_in_one_line(monkeypatch):
+    from app.cli import app
+
+    def no_model(self, timeout=None):
+        raise RuntimeError("no model here")
+
+    monkeypatch.setattr(Worker, "start", no_model)
+    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--port", "0"])
+    assert result.exit_code == 1
+    assert "warning: listening on 0.0.0.0" in result.output and "error: no model here" in result.output
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["serve", "--block-size", "1"])
+    assert result.exit_code == 1 and "--block-size must be at least 2" in result.output
+
+
+def test_cli_serve_busy_port_is_one_line(monkeypatch):
+    from app.cli import app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = CliRunner().invoke(app, ["serve", "--port", str(taken.getsockname()[1])])
+    assert result.exit_code == 1 and "error: cannot listen on 127.0.0.1" in result.output
+
+
+def test_cache_pool_continues_a_conversation_else_takes_a_fresh_cache():
+    class Cache:
+        def __init__(self):
+            self.tokens = []
+
+    pool = CachePool(Cache, size=2)
+    a = pool.take([1, 2, 3])
+    a.tokens = [1, 2, 3, 4]
+    assert pool.take([1, 2, 3, 4, 5, 6]) is a  # extends a's conversation
+    b = pool.take([1, 2, 9])  # diverges from a: a fresh cache while there is room
+    assert b is not a
+    b.tokens = [1, 2, 9]
+    assert pool.take([1, 2, 3, 7]) is a  # full: the longest shared prefix
+    pool.drop(a)
+    assert pool.caches == [b]
+
+
+def test_error_body_is_openai_shaped():
+    body = APIError("bad", param="top_p", code="x").body()
+    assert body == {"error": {"message": "bad", "type": "invalid_request_error", "param": "top_p", "code": "x"}}
+
+
+# --------------------------------------------------------------------------- the real model
+
+BAD = [
+    ({"messages": user("hi"), "model": "gpt-4"}, 404, "model"),
+    ({"messages": user("hi"), "max_tokens": -1}, 400, "max_tokens"),
+    ({"messages": user("hi"), "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": user("hi"), "max_tokens": 10**12}, 400, "max_tokens"),
+    ({"messages": user("hi"), "max_completion_tokens": -5}, 400, "max_completion_tokens"),
+    ({"messages": user("hi"), "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"messages": user("hi"), "temperature": -0.5}, 400, "temperature"),
+    ({"messages": user("hi"), "temperature": "hot"}, 400, "temperature"),
+    ({"messages": user("hi"), "top_p": 0}, 400, "top_p"),
+    ({"messages": user("hi"), "top_p": 1.5}, 400, "top_p"),
+    ({"messages": [{"role": "user", "content": 42}]}, 400, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages[0].content"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    ({"messages": "hi"}, 400, "messages"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": user("hi"), "stream": "yes"}, 400, "stream"),
+    ({"messages": user("hi"), "stop": 3}, 400, "stop"),
+    ({"messages": user("hi"), "n": 2}, 400, "n"),
+    ({"messages": user("hi"), "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"messages": user("hi"), "seed": 1.5}, 400, "seed"),
+    ({"messages": user("word " * 9000)}, 400, "messages"),  # longer than the 8192-token context
+]
+
+
+@slow
+@pytest.mark.parametrize("body,status,param", BAD, ids=[b[2] + f"-{i}" for i, b in enumerate(BAD)])
+def test_bad_requests_get_openai_errors(client, body, status, param):
+    r = client.post(CHAT, json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"] == "invalid_request_error"
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+@slow
+def test_malformed_requests_and_routes_then_still_serving(client):
+    r = client.post(CHAT, content=b'{"messages": [', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = client.post(CHAT, json=["not", "an", "object"])
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json={"prompt": [1, 10**9]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = client.post("/v1/completions", json={"prompt": [1] * 9000})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert client.get("/v1/nothing").status_code == 404 and "error" in client.get("/v1/nothing").json()
+    assert client.get(CHAT).status_code == 405
+    r = client.post(CHAT, json={"messages": user("Name a colour."), "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+@slow
+def test_models_and_health(client):
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["draft"] is True
+    assert "one request runs at a time" in health["queue"]["policy"] and health["queue"]["waiting"] == 0
+
+
+@slow
+def test_greedy_chat_equals_mlx_lm_token_for_token(client, default_model):
+    _, tokenizer = default_model
+    for text in PROMPTS[:3]:
+        prompt = tokenizer.apply_chat_template(user(text), add_generation_prompt=True)
+        expected, count = mlx_lm_greedy(default_model, prompt, 40)
+        body = client.post(CHAT, json={"messages": user(text), "max_tokens": 40, "temperature": 0}).json()
+        assert body["choices"][0]["message"]["content"] == expected
+        assert body["usage"]["completion_tokens"] == count and body["usage"]["prompt_tokens"] == len(prompt)
+        dflash = body["dflash"]
+        assert dflash["tau"] >= 1 and sum(dflash["accepted_length_histogram"]) == dflash["cycles"]
+        assert dflash["tokens_per_second"] > 0
+
+
+@slow
+def test_greedy_completion_equals_dflash_generate(client, default_model):
+    model, tokenizer = default_model
+    draft = dflash_mlx.load_draft(model=model)
+    expected = dflash_mlx.generate(model, tokenizer, "The ocean is", draft, max_tokens=24)
+    body = client.post("/v1/completions", json={"prompt": "The ocean is", "max_tokens": 24, "temperature": 0}).json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == expected
+    assert expected == mlx_lm_greedy(default_model, tokenizer.encode("The ocean is"), 24)[0]
+
+
+@slow
+def test_seeded_sampling_is_reproducible(client):
+    body = {"messages": user("Tell me a fact about cats."), "max_tokens": 24, "temperature": 0.9, "top_p": 0.95}
+    first = client.post(CHAT, json={**body, "seed": 7}).json()
+    again = client.post(CHAT, json={**body, "seed": 7}).json()
+    assert first["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
+    assert first["dflash"]["cycles"] > 0  # drafted and verified: the lossless rejection sampler ran
+
+
+@slow
+def test_streaming_chunks_usage_and_done(client):
+    body = {"messages": user(PROMPTS[0]), "max_tokens": 16, "temperature": 0}
+    whole = client.post(CHAT, json=body).json()
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", CHAT, json=stream) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events, done = sse(r.iter_lines())
+    assert done and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(e["object"] == "chat.completion.chunk" and e["id"] == events[0]["id"] for e in events)
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert events[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert events[-1]["choices"] == []
+    assert events[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert "tau" in events[-1]["dflash"]
+
+
+@slow
+def test_stop_strings(client):
+    r = client.post(CHAT, json={"messages": user(PROMPTS[0]), "max_tokens": 32, "temperature": 0, "stop": ["Paris"]})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and "Paris" not in choice["message"]["content"]
+
+
+@slow
+def test_next_turn_reuses_the_prompt_cache(client):
+    turn = user("Name a fruit.")
+    first = client.post(CHAT, json={"messages": turn, "max_tokens": 16, "temperature": 0}).json()
+    reply = first["choices"][0]["message"]["content"]
+    turn2 = turn + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And a vegetable?"}]
+    second = client.post(CHAT, json={"messages": turn2, "max_tokens": 8, "temperature": 0}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+
+
+@slow
+def test_openai_client_streaming_and_not(live):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{live}/v1", api_key="unused", max_retries=0, timeout=120)
+    whole = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=user(PROMPTS[1]), max_tokens=16, temperature=0
+    )
+    assert whole.choices[0].message.content and whole.usage.completion_tokens > 0
+    assert whole.model_extra["dflash"]["tau"] >= 1
+    chunks = list(
+        client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=user(PROMPTS[1]),
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=user("hi"), temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="hi")
+
+
+@slow
+def test_client_disconnect_stops_generation_and_frees_the_worker(live, worker):
+    wait_idle(worker)
+    body = {"messages": user("Write a long story about a dragon and a knight."), "max_tokens": 400}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{live}{CHAT}", json={**body, "temperature": 0, "stream": True}) as r:
+            seen = 0
+            for line in r.iter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 4:
+                    break
+            job = worker.running
+            assert job is not None and job.generated < 400
+        # the response is closed: the client is gone
+        wait_idle(worker, timeout=30)
+        assert job.cancelled.is_set() and job.generated_at_cancel is not None
+        assert job.generated - job.generated_at_cancel <= 16  # at most one cycle (the drafter's B) more
+        assert job.generated < 400
+        after = http.post(f"{live}{CHAT}", json={"messages": user("Hi"), "max_tokens": 4, "temperature": 0})
+        assert after.status_code == 200
+
+
+async def _burst(live: str, prompts: list[str], max_tokens: int) -> tuple[list[str], list[float]]:
+    """Stream all prompts at once while polling /health; returns the texts and health latencies."""
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=live, timeout=300) as http:
+
+        async def one(text: str) -> str:
+            body = {"messages": user(text), "max_tokens": max_tokens, "temperature": 0, "stream": True}
+            async with http.stream("POST", CHAT, json=body) as r:
+                assert r.status_code == 200
+                events, done = sse([line async for line in r.aiter_lines()])
+            assert done
+            return "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+
+        async def health(stop: asyncio.Event) -> None:
+            while not stop.is_set():
+                tic = time.perf_counter()
+                assert (await http.get("/health")).status_code == 200
+                latencies.append(time.perf_counter() - tic)
+                await asyncio.sleep(0.1)
+
+        stop = asyncio.Event()
+        poller = asyncio.create_task(health(stop))
+        texts = await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts)), 600)
+        stop.set()
+        await poller
+    return texts, latencies
+
+
+@slow
+def test_burst_of_streams_all_complete_unmixed(live, worker):
+    wait_idle(worker)
+    prompts, n = PROMPTS, 16
+    alone = []
+    with httpx.Client(base_url=live, timeout=120) as http:
+        for text in prompts:
+            body = {"messages": user(text), "max_tokens": n, "temperature": 0}
+            alone.append(http.post(CHAT, json=body).json()["choices"][0]["message"]["content"])
+    texts, latencies = asyncio.run(_burst(live, prompts, n))
+    assert texts == alone
+    assert latencies and max(latencies) < 2.0
