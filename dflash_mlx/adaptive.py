@@ -11,10 +11,12 @@ maximises expected committed tokens per second:
 * cost: the measured wall time of cycles of each size (a running average); sizes not
   measured yet are scaled from the nearest measured one along a cost model.
 * exploration: what is never verified is never measured, so now and then the policy
-  probes a block twice the size it believes best. Failed probes back off geometrically,
-  up to the interval at which probes cost at most `explore` of the time; a probe that
-  beats the current choice is followed by another at once, so that a drafter that
-  improves mid-answer is noticed within a few probes.
+  probes a larger block: one more token than it believes best, then, while probes
+  accept every draft, twice as far each time (a cheap first look; big blocks only once
+  they look likely to pay). Probes that do not pay back off by `backoff` x, up to the
+  interval at which probes cost at most `explore` of the time; a probe that beats the
+  current choice is followed by another at once, so that a drafter that improves
+  mid-answer is noticed within a few probes of the next one.
 
 Pure Python, no MLX: unit-tested on synthetic acceptance and cost streams.
 """
@@ -39,14 +41,23 @@ class BlockSizePolicy:
     policy can serve many generations with the same target and drafter (what it has
     learned carries over)."""
 
-    def __init__(self, max_size: int, *, memory: float = 0.8, explore: float = 0.03, prior: float = 0.5,
-                 cost_model: Optional[Sequence[float]] = None, cost_memory: float = 0.75,
-                 surprise: float = 0.25):
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        memory: float = 0.8,
+        explore: float = 0.02,
+        prior: float = 0.5,
+        cost_model: Optional[Sequence[float]] = None,
+        cost_memory: float = 0.75,
+        surprise: float = 0.25,
+        backoff: int = 4,
+    ):
         if max_size < 1:
             raise ValueError(f"max_size must be at least 1, got {max_size}")
         self.max_size = max_size
         self.memory, self.explore, self.prior, self.cost_memory = memory, explore, prior, cost_memory
-        self.surprise = surprise
+        self.surprise, self.backoff = surprise, backoff
         self.model = list(cost_model) if cost_model is not None else default_cost_model(max_size)
         if len(self.model) != max_size:
             raise ValueError(f"cost_model needs {max_size} entries, got {len(self.model)}")
@@ -56,6 +67,7 @@ class BlockSizePolicy:
         self.seconds: dict[int, float] = {}  # measured cycle cost by size
         self.wait = 1  # cycles between probes
         self.since_probe = 0
+        self.reach = 1  # how far past the best size the next probe looks
         self.probe: Optional[tuple[int, int]] = None  # (probed size, the size it challenged)
 
     def acceptance(self, k: int) -> float:
@@ -105,7 +117,7 @@ class BlockSizePolicy:
         self.since_probe += 1
         if best < top and self.since_probe >= self.wait:
             self.since_probe = 0
-            self.probe = (min(top, 2 * best), best)
+            self.probe = (min(top, best + self.reach), best)
             return self.probe[0]
         self.probe = None
         return best
@@ -116,18 +128,27 @@ class BlockSizePolicy:
         if old is not None:  # a shared machine's spikes count, but at most double
             seconds = self.cost_memory * old + (1 - self.cost_memory) * min(max(seconds, old / 2), 2 * old)
         self.seconds[size] = seconds
-        probe, self.probe = self.probe, None
+        # A plain step queued before the probe was chosen reports after it: keep the probe.
+        probe = self.probe if self.probe is not None and self.probe[0] == size else None
+        if probe is not None:
+            self.probe = None
         # How likely the estimates found the drafts this probe accepted beyond the challenged size.
         likely = math.prod(self.acceptance(k) for k in range(probe[1], accepted + 1)) if probe else 1.0
         for k in range(1, min(accepted + 1, size - 1) + 1):  # positions 1..a accepted, a+1 rejected
             self.hits[k] = self.memory * self.hits[k] + (k <= accepted)
             self.trials[k] = self.memory * self.trials[k] + 1.0
-        if probe is None or probe[0] != size:
+        if probe is None:
             return
+        self.reach = 2 * self.reach if accepted == size - 1 else 1  # all drafts accepted: look further
+        # Paid: it beat what the challenged size would have committed on the same drafts.
+        costs = self.costs()
+        paid = (accepted + 1) / costs[size - 1] > (min(accepted, probe[1] - 1) + 1) / costs[probe[1] - 1]
         if likely < self.surprise or self.best() > probe[1]:
             self.wait = 1  # the drafter did better than believed: look again at once
+        elif paid:  # a probe that pays costs nothing: keep looking about as often
+            self.wait = max(1, self.wait // self.backoff)
         else:
-            self.wait = min(2 * self.wait, self._probe_interval(size, probe[1]))
+            self.wait = min(self.backoff * self.wait, self._probe_interval(size, probe[1]))
 
     def _probe_interval(self, probe: int, best: int) -> int:
         """Cycles between probes so that their extra cost stays within `explore`."""

@@ -3,7 +3,9 @@
 One cycle: the drafter fills [last token, MASK x (b-1)] in one forward; the target
 verifies the whole block in one forward; the longest agreeing prefix is kept, plus one
 token of the target's own; the target cache is trimmed back to the committed length and
-the committed tokens' features become new drafter context. One host sync per cycle.
+the committed tokens' features become new drafter context. One host sync per cycle;
+plain steps are pipelined as in mlx-lm (the next is queued before this one's token is
+read), so a run of them costs what plain decoding does (`cycles.py`).
 
 The block size b is fixed (`block_size=N`) or chosen before every cycle by a
 `BlockSizePolicy` (`block_size=None`), from 1 (a plain target step, no drafter call;
@@ -19,16 +21,14 @@ from typing import Callable, Generator, Iterable, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache as make_target_cache
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .adaptive import BlockSizePolicy
+from .cache import PromptCache
+from .cycles import Cycle, Cycles
 from .drafter import Drafter, check_fit
-from .sampling import SamplingParams, log_softmax
+from .sampling import SamplingParams
 from .target import Target
-
-PREFILL_STEP = 2048
 
 
 def histogram(values: Iterable[int], size: int = 0) -> list[int]:
@@ -104,60 +104,6 @@ class GenerationResponse:
     stats: Optional[GenerationStats] = None
 
 
-class PromptCache:
-    """The target's KV cache, the drafter's context cache, and the tokens they hold.
-
-    Pass the same object to successive `stream_generate` calls with the whole
-    conversation as the prompt: only the part after the longest common prefix is
-    prefilled. It also keeps the adaptive block-size policy, so that what it learned
-    about the drafter carries over from turn to turn."""
-
-    def __init__(self, model: nn.Module, draft_model: Optional[Drafter] = None):
-        self.target = make_target_cache(model)
-        if not can_trim_prompt_cache(self.target):
-            raise ValueError("this model's cache cannot be trimmed, which speculative decoding needs")
-        self.tokens: list[int] = []  # what the target cache holds
-        self.drafter: Optional[Drafter] = None
-        self.draft: Optional[list] = None
-        self.pending: list[mx.array] = []  # features (1, n, k * hidden) not yet in the drafter's context
-        self.policy: Optional[BlockSizePolicy] = None
-        self.use_drafter(draft_model)
-
-    def use_drafter(self, draft_model: Optional[Drafter]) -> None:
-        if draft_model is not None and draft_model is not self.drafter:
-            self.drafter, self.draft = draft_model, draft_model.make_cache()
-            self.pending, self.policy = [], None
-
-    @property
-    def draft_length(self) -> int:
-        """Tokens the drafter has as context (in its cache or pending)."""
-        cached = self.draft[0].offset if self.draft else 0
-        return cached + sum(f.shape[1] for f in self.pending)
-
-    def flush(self) -> None:
-        """Move pending features into the drafter's context (lazily, one projection)."""
-        if self.pending:
-            self.drafter.append_context(mx.concatenate(self.pending, axis=1), self.draft)
-            self.pending = []
-
-    def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
-        """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
-        token to prefill) and return its length."""
-        keep = 0
-        for a, b in zip(self.tokens, prompt[:-1]):
-            if a != b:
-                break
-            keep += 1
-        if with_drafter:
-            keep = min(keep, self.draft_length)
-        trim_prompt_cache(self.target, len(self.tokens) - keep)
-        self.tokens = self.tokens[:keep]
-        if self.draft_length > keep:
-            self.flush()
-            trim_prompt_cache(self.draft, self.draft_length - keep)
-        return keep
-
-
 def make_prompt_cache(model: nn.Module, draft_model: Optional[Drafter] = None) -> PromptCache:
     """A cache to reuse across calls (multi-turn chat)."""
     return PromptCache(model, draft_model)
@@ -170,66 +116,6 @@ def _check_args(prompt: Sequence[int], block_size: Optional[int], temp: float) -
         raise ValueError(f"block_size must be at least 2, got {block_size}")
     if temp < 0:
         raise ValueError(f"temp must be >= 0, got {temp}")
-
-
-class _Cycles:
-    """The two kinds of cycle, on the state one generation shares."""
-
-    def __init__(self, target: Target, draft_model: Optional[Drafter], cache: PromptCache,
-                 sampling: SamplingParams, stats: GenerationStats, profile: bool):
-        self.target, self.drafter, self.cache = target, draft_model, cache
-        self.sampling, self.stats, self.profile = sampling, stats, profile
-
-    def prefill(self, tokens: Sequence[int], start: int,
-                progress: Optional[Callable[[int, int], None]]) -> tuple[int, mx.array]:
-        """Prefill the target from `start`, feeding the captured features straight into
-        the drafter's context. Returns the first token and its logits."""
-        cache, drafter = self.cache, self.drafter
-        todo = list(tokens[start:])
-        for i in range(0, len(todo), PREFILL_STEP):
-            chunk = todo[i : i + PREFILL_STEP]
-            hidden, features = self.target.forward(mx.array(chunk)[None], cache.target, capture=drafter is not None)
-            if drafter is not None:
-                cache.flush()
-                drafter.append_context(features, cache.draft)
-            cache.tokens += chunk
-            mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
-            if progress:
-                progress(start + i + len(chunk), len(tokens))
-        logits = self.target.lm_head(hidden[:, -1])[0]
-        return self.sampling.choose(logits).item(), logits
-
-    def plain(self, token: int) -> tuple[list[int], int, list[mx.array]]:
-        """One target step. With a drafter, the token's features wait in the cache's
-        `pending` list: the next draft needs them, a run of plain steps does not."""
-        capture = self.drafter is not None
-        hidden, features = self.target.forward(mx.array([[token]]), self.cache.target, capture=capture)
-        self.cache.tokens.append(token)
-        if capture:
-            self.cache.pending.append(features)
-        logits = self.target.lm_head(hidden)[0, -1]
-        return [self.sampling.choose(logits).item()], 0, [log_softmax(logits)]
-
-    def speculate(self, token: int, size: int) -> tuple[list[int], int, list[mx.array]]:
-        """Draft `size - 1` tokens after `token`, verify them, keep the accepted prefix."""
-        cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
-        cache.flush()
-        block = mx.array([[token] + [drafter.config.mask_token_id] * (size - 1)])
-        drafts, draft_probs = self.sampling.draft(drafter.propose(block, cache.draft, target))
-        if self.profile:
-            mx.eval(drafts)
-            self.stats.draft_time += time.perf_counter() - tic
-        else:
-            mx.async_eval(drafts)  # drafting runs while the verify graph is built
-        hidden, features = target.forward(mx.concatenate([block[0, :1], drafts])[None], cache.target)
-        logits = target.lm_head(hidden)[0]
-        accepted, bonus = self.sampling.accept(drafts, draft_probs, logits)
-        *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
-        # Keep [token, accepted drafts] in the target cache; their features become context.
-        trim_prompt_cache(cache.target, size - accepted - 1)
-        cache.tokens += [token] + drafted[:accepted]
-        drafter.append_context(features[:, : accepted + 1], cache.draft)
-        return drafted[:accepted] + [bonus], accepted, list(log_softmax(logits[: accepted + 1]))
 
 
 def generate_step(
@@ -259,8 +145,12 @@ def generate_step(
     stats = stats if stats is not None else GenerationStats()
     target = Target(model, draft_model.config.target_layer_ids if draft_model else ())
     if draft_model is not None:
-        check_fit(draft_model.config, num_layers=target.num_layers,
-                  hidden_size=target.hidden_size, vocab_size=target.vocab_size)
+        check_fit(
+            draft_model.config,
+            num_layers=target.num_layers,
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+        )
     cache = prompt_cache if prompt_cache is not None else PromptCache(model, draft_model)
     cache.use_drafter(draft_model)
     if draft_model is not None and block_size is None:
@@ -270,32 +160,58 @@ def generate_step(
         policy = None
     stats.block_size = (block_size or draft_model.config.block_size) if draft_model else 1
     stats.adaptive = policy is not None
-    cycles = _Cycles(target, draft_model, cache, SamplingParams(temp, top_p, top_k), stats, profile)
+    cycles = Cycles(target, draft_model, cache, SamplingParams(temp, top_p, top_k), profile)
 
     tic = time.perf_counter()
     start = stats.prompt_cached = cache.reuse(prompt, with_drafter=draft_model is not None)
-    token, logits = cycles.prefill(prompt, start, prompt_progress_callback)
-    stats.prompt_time = time.perf_counter() - tic
-    yield [token], 0, [log_softmax(logits)]
-
-    produced = 1
+    done = cycles.prefill(prompt, start, prompt_progress_callback)
+    done.started, produced = tic, 1
     while True:
-        tic = time.perf_counter()
-        left = max(1, max_tokens - produced) if max_tokens is not None else stats.block_size
-        if policy is not None:
-            size = policy.choose(left)
-        else:  # a fixed block verifies at least 2 tokens, as it always has
-            size = max(2, min(stats.block_size, left)) if draft_model else 1
-        drafting = stats.draft_time
-        committed, accepted, logprobs = cycles.plain(token) if size == 1 else cycles.speculate(token, size)
-        seconds = time.perf_counter() - tic
-        if policy is not None:
-            policy.update(size, accepted, seconds)
-        stats.verify_time += seconds - (stats.draft_time - drafting)  # includes drafting unless profiling
-        stats.record(size, accepted)
-        token = committed[-1]
-        produced += len(committed)
-        yield committed, accepted, logprobs
+        if done.ready:  # a drafted block: its acceptance informs this choice
+            _account(done, stats, policy)
+        size = _choose_size(policy, stats, draft_model is not None, max_tokens, produced)
+        # Queue the next plain step on the lazy token before reading it (unless the caller
+        # stops here at max_tokens): the host sync then overlaps the next step's compute.
+        early = size == 1 and (max_tokens is None or produced < max_tokens)
+        nxt = cycles.plain(done.tokens[-1] if done.ready else done.tokens) if early else None
+        was_ready = done.ready
+        committed = done.read()
+        if not was_ready:
+            _account(done, stats, policy)
+        if nxt is not None:
+            cache.tokens.append(committed[-1])  # the queued step's input: cache and tokens agree at the yield
+        yield committed, done.accepted, done.logprobs
+        resumed = time.perf_counter()
+        if nxt is None:
+            nxt = cycles.plain(committed[-1]) if size == 1 else cycles.speculate(committed[-1], size)
+            if size == 1:
+                cache.tokens.append(committed[-1])
+        nxt.started = resumed  # the loop's time on it excludes the caller's, as before pipelining
+        produced += len(nxt.tokens) if nxt.ready else 1
+        done = nxt
+
+
+def _choose_size(
+    policy: Optional[BlockSizePolicy], stats: GenerationStats, drafting: bool, max_tokens: Optional[int], produced: int
+) -> int:
+    """The next cycle's block size, never verifying past `max_tokens`."""
+    left = max(1, max_tokens - produced) if max_tokens is not None else stats.block_size
+    if policy is not None:
+        return policy.choose(left)
+    return max(2, min(stats.block_size, left)) if drafting else 1  # a fixed block verifies at least 2
+
+
+def _account(cycle: Cycle, stats: GenerationStats, policy: Optional[BlockSizePolicy]) -> None:
+    """Charge a finished cycle to the stats and the policy (the prefill: to prompt_time)."""
+    seconds = cycle.finished - cycle.started
+    if cycle.size == 0:
+        stats.prompt_time = seconds
+        return
+    if policy is not None:
+        policy.update(cycle.size, cycle.accepted, seconds)
+    stats.draft_time += cycle.drafting
+    stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
+    stats.record(cycle.size, cycle.accepted)
 
 
 class _StopStrings:
@@ -371,10 +287,21 @@ def stream_generate(
     stops = _StopStrings(stop)
     eos = tokenizer.eos_token_ids
     stats = GenerationStats()
-    steps = generate_step(tokens, model, draft_model, block_size=block_size, max_tokens=max_tokens,
-                          temp=temp, top_p=top_p,
-                          top_k=top_k, prompt_cache=prompt_cache, stats=stats, profile=profile,
-                          prompt_progress_callback=prompt_progress_callback, policy=policy)
+    steps = generate_step(
+        tokens,
+        model,
+        draft_model,
+        block_size=block_size,
+        max_tokens=max_tokens,
+        temp=temp,
+        top_p=top_p,
+        top_k=top_k,
+        prompt_cache=prompt_cache,
+        stats=stats,
+        profile=profile,
+        prompt_progress_callback=prompt_progress_callback,
+        policy=policy,
+    )
     n = 0
     tic = time.perf_counter()
     try:
@@ -395,19 +322,32 @@ def stream_generate(
                 stats.generated_tokens = n
                 stats.generation_time = time.perf_counter() - tic
                 yield GenerationResponse(
-                    text=text, token=token, logprobs=lp, from_draft=i < n_drafted,
+                    text=text,
+                    token=token,
+                    logprobs=lp,
+                    from_draft=i < n_drafted,
                     prompt_tokens=len(tokens),
                     prompt_tps=(len(tokens) - stats.prompt_cached) / stats.prompt_time if stats.prompt_time else 0.0,
-                    generation_tokens=n, generation_tps=stats.tokens_per_second,
-                    peak_memory=mx.get_peak_memory() / 1e9, finish_reason=finish, stats=stats)
+                    generation_tokens=n,
+                    generation_tps=stats.tokens_per_second,
+                    peak_memory=mx.get_peak_memory() / 1e9,
+                    finish_reason=finish,
+                    stats=stats,
+                )
                 if finish:
                     return
     finally:
         steps.close()
 
 
-def generate(model: nn.Module, tokenizer, prompt: Union[str, Sequence[int]], draft_model: Optional[Drafter] = None,
-             verbose: bool = False, **kwargs) -> str:
+def generate(
+    model: nn.Module,
+    tokenizer,
+    prompt: Union[str, Sequence[int]],
+    draft_model: Optional[Drafter] = None,
+    verbose: bool = False,
+    **kwargs,
+) -> str:
     """Generate a complete response; with `verbose`, stream it and print the stats."""
     text = ""
     response = None

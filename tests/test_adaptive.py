@@ -20,7 +20,9 @@ def cpu_cost(b: int) -> float:
     return 1.0 if b == 1 else 1.6 + 0.055 * b
 
 
-def run(policy: BlockSizePolicy, accept, cost, cycles: int, rng: random.Random, start: int = 0) -> list[tuple[int, int]]:
+def run(
+    policy: BlockSizePolicy, accept, cost, cycles: int, rng: random.Random, start: int = 0
+) -> list[tuple[int, int]]:
     """(size, accepted drafts) per cycle; accept(cycle, k) = P(draft k accepted | drafts < k accepted)."""
     out = []
     for c in range(start, start + cycles):
@@ -44,8 +46,11 @@ def test_acceptance_zero_settles_on_plain_steps():
     assert sizes[1] >= 0.9 * 300, sizes
     assert policy.best() == 1
     # Exploration costs stay within the budget: within 5% of plain decoding overall.
-    assert throughput(cycles[-300:], cpu_cost) >= 0.96
-    assert throughput(cycles, cpu_cost) >= 0.95
+    assert throughput(cycles[-300:], cpu_cost) >= 0.975
+    assert throughput(cycles, cpu_cost) >= 0.97
+    assert throughput(cycles[:289], cpu_cost) >= 0.97  # a bench run's length, from a fresh policy
+    # After the first few cycles, probes look one token further: the cheapest block.
+    assert {b for b, _ in cycles[10:]} == {1, 2}
 
 
 def test_near_perfect_acceptance_and_flat_cost_settle_on_max():
@@ -64,12 +69,15 @@ def expected_tokens(accept, b: int) -> float:
     return total
 
 
-@pytest.mark.parametrize("accept, slope", [
-    (lambda k: 0.7, 0.3),  # optimum 3
-    (lambda k: 0.5, 0.15),  # optimum 3
-    (lambda k: 0.6, 0.5),  # optimum 2
-    (lambda k: 0.95 if k <= 5 else 0.3, 0.1),  # a drafter that is good for 5 positions: 6
-])
+@pytest.mark.parametrize(
+    "accept, slope",
+    [
+        (lambda k: 0.7, 0.3),  # optimum 3
+        (lambda k: 0.5, 0.15),  # optimum 3
+        (lambda k: 0.6, 0.5),  # optimum 2
+        (lambda k: 0.95 if k <= 5 else 0.3, 0.1),  # a drafter that is good for 5 positions: 6
+    ],
+)
 def test_linear_cost_picks_the_analytic_optimum(accept, slope):
     """Cost 1 + slope * (b - 1): the best b maximises expected tokens over that cost."""
     cost = lambda b: 1.0 + slope * (b - 1)  # noqa: E731
@@ -79,7 +87,8 @@ def test_linear_cost_picks_the_analytic_optimum(accept, slope):
     cycles = run(policy, lambda c, k: accept(k), cost, 3000, random.Random(2))
     chosen = Counter(b for b, _ in cycles[-1000:])
     assert chosen.most_common(1)[0][0] == optimum, (optimum, chosen)
-    assert policy.best() == optimum
+    # The final estimate may flip within a near-tie (here 1 vs 2 differ by 6%), never further.
+    assert rates[policy.best()] >= 0.93 * rates[optimum]
     assert throughput(cycles[-1000:], cost) >= 0.95 * rates[optimum]
 
 
@@ -93,6 +102,29 @@ def test_recovers_when_acceptance_jumps():
     first_big = next(i for i, (b, _) in enumerate(after) if b >= 8)
     assert first_big <= 40, [b for b, _ in after[:50]]
     assert Counter(b for b, _ in after[-40:]).most_common(1)[0][0] >= 12
+
+
+def test_probes_reach_further_while_they_accept_everything():
+    policy = BlockSizePolicy(16)
+    rng = random.Random(5)
+    run(policy, lambda c, k: 0.0, cpu_cost, 200, rng)
+    policy.wait = policy.since_probe = 1  # the next cycle probes
+    sizes = [b for b, _ in run(policy, lambda c, k: 1.0, cpu_cost, 12, rng)]
+    assert sizes[:2] == [2, 3] and 16 in sizes[:5], sizes  # one token further, then twice as far
+
+
+def test_a_plain_step_reported_late_keeps_the_probe():
+    """The loop queues a plain step before reading it, so the next cycle's size (maybe a
+    probe) is chosen before that step's cost is reported."""
+    policy = BlockSizePolicy(8)
+    run(policy, lambda c, k: 0.0, cpu_cost, 100, random.Random(6))
+    while (size := policy.choose()) == 1:
+        policy.update(1, 0, cpu_cost(1))
+    policy.update(1, 0, cpu_cost(1))  # the plain step before the probe reports now
+    assert policy.probe == (size, 1) == (2, 1)
+    wait = policy.wait
+    policy.update(size, 0, cpu_cost(size))  # a failed probe backs off
+    assert policy.probe is None and policy.wait == min(4 * wait, policy._probe_interval(size, 1))
 
 
 def test_drops_when_acceptance_collapses():

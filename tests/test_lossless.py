@@ -281,3 +281,48 @@ def test_multi_turn_cache_reuse_is_lossless(default_model, block_size):
         [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]
     assert ours(model, tokenizer, third, drafter, max_tokens=8, prompt_cache=cache, block_size=block_size)[0] == \
         [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]
+
+
+def assert_cache_agrees(cache, drafter) -> None:
+    """The target cache, the drafter's context and `cache.tokens` hold the same tokens."""
+    assert cache.target[0].offset == len(cache.tokens)
+    if drafter is not None:
+        assert cache.draft_length == len(cache.tokens)
+
+
+@pytest.mark.parametrize("with_drafter", [True, False])
+def test_pipelined_plain_steps_end_exactly(default_model, references, with_drafter):
+    """Plain steps are queued before the previous token is read. EOS, max_tokens and stop
+    strings that land inside such a run end it exactly; the cache holds what was fed
+    (a step queued behind EOS or a stop string included, nothing past max_tokens), and
+    the next turn through the same cache stays lossless."""
+    model, tokenizer = default_model
+    sizes = [1, 1, 1, 1, 1, 1, 3]  # long runs of plain steps, and a drafted block now and then
+    for text, (prompt, ref) in references.items():
+        drafter = ScriptedDrafter(prompt + ref, lambda c, k: k == 2) if with_drafter else None
+        cache = make_prompt_cache(model, drafter)
+        kw = dict(prompt_cache=cache, policy=ScriptedPolicy(sizes))
+        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, **kw)
+        assert got == ref, text
+        assert_cache_agrees(cache, drafter)
+        for m in (m for m in (1, 2, 5, 13) if m <= len(ref)):
+            got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=m, **kw)
+            assert got == ref[:m]
+            assert responses[-1].finish_reason == ("stop" if ref[m - 1] in tokenizer.eos_token_ids else "length")
+            assert len(cache.tokens) == len(prompt) + m - 1  # nothing queued past max_tokens
+            assert_cache_agrees(cache, drafter)
+    prompt, ref = references[PROMPTS[0]]
+    full = tokenizer.decode([t for t in ref if t not in tokenizer.eos_token_ids])
+    stop = full[10:14]
+    drafter = ScriptedDrafter(prompt + ref, lambda c, k: True) if with_drafter else None
+    cache = make_prompt_cache(model, drafter)
+    _, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, stop=[stop], prompt_cache=cache,
+                        policy=ScriptedPolicy([1]))
+    assert "".join(r.text for r in responses) == full[: full.index(stop)]
+    assert responses[-1].finish_reason == "stop" and len(cache.tokens) == len(prompt) + len(responses)
+    assert_cache_agrees(cache, drafter)
+    later = prompt + ref[: len(responses) + 3]  # the next turn extends what the cache holds
+    got, responses = ours(model, tokenizer, later, drafter, max_tokens=16, prompt_cache=cache,
+                          policy=ScriptedPolicy([1, 1, 2]))
+    assert got == [r.token for r in mlx_lm.stream_generate(model, tokenizer, later, max_tokens=16)]
+    assert responses[-1].stats.prompt_cached == len(later) - 3

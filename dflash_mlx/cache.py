@@ -1,0 +1,67 @@
+"""The conversation state one generation hands to the next: `PromptCache`."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache as make_target_cache
+
+from .adaptive import BlockSizePolicy
+from .drafter import Drafter
+
+
+class PromptCache:
+    """The target's KV cache, the drafter's context cache, and the tokens they hold.
+
+    Pass the same object to successive `stream_generate` calls with the whole
+    conversation as the prompt: only the part after the longest common prefix is
+    prefilled. It also keeps the adaptive block-size policy, so that what it learned
+    about the drafter carries over from turn to turn."""
+
+    def __init__(self, model: nn.Module, draft_model: Optional[Drafter] = None):
+        self.target = make_target_cache(model)
+        if not can_trim_prompt_cache(self.target):
+            raise ValueError("this model's cache cannot be trimmed, which speculative decoding needs")
+        self.tokens: list[int] = []  # what the target cache holds
+        self.drafter: Optional[Drafter] = None
+        self.draft: Optional[list] = None
+        self.pending: list[mx.array] = []  # features (1, n, k * hidden) not yet in the drafter's context
+        self.policy: Optional[BlockSizePolicy] = None
+        self.use_drafter(draft_model)
+
+    def use_drafter(self, draft_model: Optional[Drafter]) -> None:
+        if draft_model is not None and draft_model is not self.drafter:
+            self.drafter, self.draft = draft_model, draft_model.make_cache()
+            self.pending, self.policy = [], None
+
+    @property
+    def draft_length(self) -> int:
+        """Tokens the drafter has as context (in its cache or pending)."""
+        cached = self.draft[0].offset if self.draft else 0
+        return cached + sum(f.shape[1] for f in self.pending)
+
+    def flush(self) -> None:
+        """Move pending features into the drafter's context (lazily, one projection)."""
+        if self.pending:
+            self.drafter.append_context(mx.concatenate(self.pending, axis=1), self.draft)
+            self.pending = []
+
+    def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
+        """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
+        token to prefill) and return its length."""
+        keep = 0
+        for a, b in zip(self.tokens, prompt[:-1]):
+            if a != b:
+                break
+            keep += 1
+        if with_drafter:
+            keep = min(keep, self.draft_length)
+        trim_prompt_cache(self.target, len(self.tokens) - keep)
+        self.tokens = self.tokens[:keep]
+        if self.draft_length > keep:
+            self.flush()
+            trim_prompt_cache(self.draft, self.draft_length - keep)
+        return keep

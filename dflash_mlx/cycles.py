@@ -1,0 +1,121 @@
+"""The two kinds of decoding cycle (a plain target step, a drafted block) and the prefill.
+
+A plain step's token is returned lazy, already queued with `mx.async_eval`: the block
+size policy does not look at token values, so the loop can queue the next plain step
+on the lazy token before it reads this one on the host, as mlx-lm does. A run of plain
+steps then costs what plain mlx-lm decoding does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+
+from .cache import PromptCache
+from .drafter import Drafter
+from .sampling import SamplingParams, log_softmax
+from .target import Target
+
+PREFILL_STEP = 2048
+
+
+@dataclass
+class Cycle:
+    """One cycle's outcome. `tokens` is a lazy scalar until `read()` for the prefill and
+    plain steps; `started` (set by the loop) and `finished` bound the wall time the loop
+    spent on it."""
+
+    size: int  # tokens verified (1: a plain step; 0: the prefill)
+    tokens: Union[mx.array, list[int]]
+    accepted: int
+    logprobs: list[mx.array]
+    started: float = 0.0
+    finished: float = 0.0
+    drafting: float = 0.0  # seconds of it spent drafting (profiling only)
+
+    @property
+    def ready(self) -> bool:
+        return isinstance(self.tokens, list)
+
+    def read(self) -> list[int]:
+        """The committed tokens on the host (waits for a queued step)."""
+        if not self.ready:
+            self.tokens = [self.tokens.item()]
+            self.finished = time.perf_counter()
+        return self.tokens
+
+
+class Cycles:
+    """Prefill, plain steps and drafted blocks, on the state one generation shares."""
+
+    def __init__(
+        self,
+        target: Target,
+        draft_model: Optional[Drafter],
+        cache: PromptCache,
+        sampling: SamplingParams,
+        profile: bool,
+    ):
+        self.target, self.drafter, self.cache = target, draft_model, cache
+        self.sampling, self.profile = sampling, profile
+
+    def prefill(self, tokens: Sequence[int], start: int, progress: Optional[Callable[[int, int], None]]) -> Cycle:
+        """Prefill the target from `start`, feeding the captured features straight into
+        the drafter's context. The first token is queued, not read."""
+        cache, drafter = self.cache, self.drafter
+        todo = list(tokens[start:])
+        for i in range(0, len(todo), PREFILL_STEP):
+            chunk = todo[i : i + PREFILL_STEP]
+            hidden, features = self.target.forward(mx.array(chunk)[None], cache.target, capture=drafter is not None)
+            if drafter is not None:
+                cache.flush()
+                drafter.append_context(features, cache.draft)
+            cache.tokens += chunk
+            mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
+            if progress:
+                progress(start + i + len(chunk), len(tokens))
+        return self._queue(0, self.target.lm_head(hidden[:, -1])[0])
+
+    def plain(self, token: Union[int, mx.array]) -> Cycle:
+        """Queue one target step on `token` (an int, or the lazy output of the step before).
+        With a drafter, its features wait in the cache's `pending` list: the next draft
+        needs them, a run of plain steps does not. The caller appends `token` to
+        `cache.tokens` once it knows its value."""
+        capture = self.drafter is not None
+        token = token if isinstance(token, mx.array) else mx.array(token)
+        hidden, features = self.target.forward(token.reshape(1, 1), self.cache.target, capture=capture)
+        if capture:
+            self.cache.pending.append(features)
+        return self._queue(1, self.target.lm_head(hidden)[0, -1])
+
+    def _queue(self, size: int, logits: mx.array) -> Cycle:
+        token, logprobs = self.sampling.choose(logits), log_softmax(logits)
+        mx.async_eval(token, logprobs)
+        return Cycle(size, token, 0, [logprobs])
+
+    def speculate(self, token: int, size: int) -> Cycle:
+        """Draft `size - 1` tokens after `token`, verify them, keep the accepted prefix."""
+        cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
+        cache.flush()
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (size - 1)])
+        drafts, draft_probs = self.sampling.draft(drafter.propose(block, cache.draft, target))
+        drafting = 0.0
+        if self.profile:
+            mx.eval(drafts)
+            drafting = time.perf_counter() - tic
+        else:
+            mx.async_eval(drafts)  # drafting runs while the verify graph is built
+        hidden, features = target.forward(mx.concatenate([block[0, :1], drafts])[None], cache.target)
+        logits = target.lm_head(hidden)[0]
+        accepted, bonus = self.sampling.accept(drafts, draft_probs, logits)
+        *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
+        # Keep [token, accepted drafts] in the target cache; their features become context.
+        trim_prompt_cache(cache.target, size - accepted - 1)
+        cache.tokens += [token] + drafted[:accepted]
+        drafter.append_context(features[:, : accepted + 1], cache.draft)
+        logprobs = list(log_softmax(logits[: accepted + 1]))
+        return Cycle(size, drafted[:accepted] + [bonus], accepted, logprobs, tic, time.perf_counter(), drafting)
