@@ -287,21 +287,9 @@ def stream_generate(
     stops = _StopStrings(stop)
     eos = tokenizer.eos_token_ids
     stats = GenerationStats()
-    steps = generate_step(
-        tokens,
-        model,
-        draft_model,
-        block_size=block_size,
-        max_tokens=max_tokens,
-        temp=temp,
-        top_p=top_p,
-        top_k=top_k,
-        prompt_cache=prompt_cache,
-        stats=stats,
-        profile=profile,
-        prompt_progress_callback=prompt_progress_callback,
-        policy=policy,
-    )
+    options = dict(block_size=block_size, max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k)
+    options.update(prompt_cache=prompt_cache, prompt_progress_callback=prompt_progress_callback, policy=policy)
+    steps = generate_step(tokens, model, draft_model, stats=stats, profile=profile, **options)
     n = 0
     tic = time.perf_counter()
     try:
@@ -321,23 +309,36 @@ def stream_generate(
                     text += stops.flush()
                 stats.generated_tokens = n
                 stats.generation_time = time.perf_counter() - tic
-                yield GenerationResponse(
-                    text=text,
-                    token=token,
-                    logprobs=lp,
-                    from_draft=i < n_drafted,
-                    prompt_tokens=len(tokens),
-                    prompt_tps=(len(tokens) - stats.prompt_cached) / stats.prompt_time if stats.prompt_time else 0.0,
-                    generation_tokens=n,
-                    generation_tps=stats.tokens_per_second,
-                    peak_memory=mx.get_peak_memory() / 1e9,
-                    finish_reason=finish,
-                    stats=stats,
-                )
+                yield _response(stats, text, token, lp, i < n_drafted, len(tokens), finish)
                 if finish:
                     return
     finally:
         steps.close()
+
+
+def _response(
+    stats: GenerationStats,
+    text: str,
+    token: int,
+    logprobs: mx.array,
+    from_draft: bool,
+    prompt_tokens: int,
+    finish: Optional[str],
+) -> GenerationResponse:
+    prefilled = prompt_tokens - stats.prompt_cached
+    return GenerationResponse(
+        text=text,
+        token=token,
+        logprobs=logprobs,
+        from_draft=from_draft,
+        prompt_tokens=prompt_tokens,
+        prompt_tps=prefilled / stats.prompt_time if stats.prompt_time else 0.0,
+        generation_tokens=stats.generated_tokens,
+        generation_tps=stats.tokens_per_second,
+        peak_memory=mx.get_peak_memory() / 1e9,
+        finish_reason=finish,
+        stats=stats,
+    )
 
 
 def generate(
