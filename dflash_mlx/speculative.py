@@ -140,7 +140,9 @@ def generate_step(
     verified. With `draft_model=None` the target decodes alone, one token a cycle.
 
     `block_size=None` adapts the block size every cycle with `policy` (by default the
-    prompt cache's, which persists across calls that share the cache)."""
+    prompt cache's, which persists across calls that share the cache). Plain steps run
+    one ahead: when the caller stops after a token (EOS, a stop string), the step that
+    feeds it is already queued and stays in the prompt cache (never past `max_tokens`)."""
     _check_args(prompt, block_size, temp)
     stats = stats if stats is not None else GenerationStats()
     target = Target(model, draft_model.config.target_layer_ids if draft_model else ())
