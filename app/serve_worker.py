@@ -15,6 +15,7 @@ one that shares the longest prefix with it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import queue
 import secrets
 import threading
@@ -189,6 +190,14 @@ class Worker:
         self._jobs.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._thread.ident is not None and not self._thread.is_alive():
+            # MLX may abort at process exit ("terminate called without an active exception")
+            # while arrays made on a thread that has ended are still alive: free the
+            # worker's (some sit in reference cycles) and replace the global random key.
+            import mlx.core as mx
+
+            gc.collect()
+            mx.random.seed(secrets.randbits(63))
 
     # ---- the worker thread
 

@@ -213,7 +213,10 @@ def run_server(worker: Worker, host: str = "127.0.0.1", port: int = 8080, log_le
         info = worker.start()
         print(f"serving {info.id} on http://{host}:{sock.getsockname()[1]}/v1 ({QUEUE_POLICY})", file=sys.stderr)
         config = uvicorn.Config(create_app(worker), log_level=log_level, timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn re-raises Ctrl+C after its graceful shutdown
+            print("stopped", file=sys.stderr)
     finally:
         worker.shutdown()
         sock.close()

@@ -384,3 +384,41 @@ def test_burst_of_streams_all_complete_unmixed(live, worker):
     texts, latencies = asyncio.run(_burst(live, prompts, n))
     assert texts == alone
     assert latencies and max(latencies) < 2.0
+
+
+@slow
+def test_dflash_serve_process_end_to_end(default_model_dir):
+    """The real command in its own process: starts, answers the openai client, stops on Ctrl+C."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import openai
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--max-tokens", "8"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        reply = client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hello", temperature=0)
+        assert reply.usage.completion_tokens <= 8 and reply.choices[0].text
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "serving SmolLM2-135M-Instruct on http://127.0.0.1" in err and "Traceback" not in err
