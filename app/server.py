@@ -102,13 +102,18 @@ async def _stream(job: Job) -> AsyncIterator[bytes]:
 
 async def _collect(job: Job, request: Request) -> dict:
     """Wait for the whole answer of a non-streamed request, cancelling it if the client leaves."""
-    text = []
+    text, loop = [], asyncio.get_running_loop()
+    check = loop.time() + DISCONNECT_POLL
     while True:
         try:
             event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL)
         except asyncio.TimeoutError:
+            event = None
+        if loop.time() >= check:  # by the clock: tokens may arrive faster than the poll
+            check = loop.time() + DISCONNECT_POLL
             if await request.is_disconnected():
                 job.cancel()
+        if event is None:
             continue
         if isinstance(event, Delta):
             text.append(event.text)

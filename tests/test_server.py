@@ -344,6 +344,17 @@ def test_client_disconnect_stops_generation_and_frees_the_worker(live, worker):
         assert after.status_code == 200
 
 
+@slow
+def test_non_streamed_request_is_cancelled_when_its_client_leaves(live, worker):
+    wait_idle(worker)
+    body = {"messages": user("Write a long story about a dragon and a knight."), "max_tokens": 400, "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{live}{CHAT}", json=body, timeout=httpx.Timeout(60, read=1.5))  # gives up, closes
+    job = worker.running
+    wait_idle(worker, timeout=30)
+    assert job is not None and job.cancelled.is_set() and job.generated < 400
+
+
 async def _burst(live: str, prompts: list[str], max_tokens: int) -> tuple[list[str], list[float]]:
     """Stream all prompts at once while polling /health; returns the texts and health latencies."""
     latencies: list[float] = []
