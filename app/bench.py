@@ -165,6 +165,7 @@ def run_bench(
     reference: bool = True,
     progress: Optional[Callable[[str], None]] = None,
     fixed_sizes: Sequence[int] = (),
+    draft_vocab: Optional[str] = None,
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method. `draft_path`
     "random" measures the loop's overhead with an untrained drafter. Ours runs with
@@ -190,9 +191,10 @@ def run_bench(
                 reference,
                 progress,
                 fixed_sizes,
+                draft_vocab,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
-    drafter = load_draft(draft_path, model=model)
+    drafter = load_draft(draft_path, model=model, draft_vocab=draft_vocab)
     block = block_size or drafter.config.block_size
 
     def plain(prompt):
@@ -206,8 +208,9 @@ def run_bench(
 
         def run(prompt):
             chunks, seconds, last = _clock(
-                stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=size,
-                                policy=policy),
+                stream_generate(
+                    model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=size, policy=policy
+                ),
                 lambda r: [r.token],
             )
             return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths), last.stats.block_sizes

@@ -46,11 +46,13 @@ class ChatApp(SlashCommands, App):
         draft: str | None = None,
         settings: Settings | None = None,
         system: str | None = None,
+        draft_vocab: str | None = None,
         engine_factory: Callable[[Callable[[Event], None]], Engine] | None = None,
     ) -> None:
         super().__init__()
         self.model_path = model
         self.draft_path = draft
+        self.draft_vocab = draft_vocab
         self.settings = settings or Settings()
         self.system = system
         self._engine_factory = engine_factory or (lambda on_event: Engine(on_event))
@@ -84,7 +86,7 @@ class ChatApp(SlashCommands, App):
         )
         self.engine = self._engine_factory(self._post_event)
         self.engine.start()
-        self.engine.load(self.model_path, self.draft_path)
+        self.engine.load(self.model_path, self.draft_path, self.draft_vocab)
         self.refresh_stats()
         self._follow_timer = self.set_interval(0.1, self.follow)
 
@@ -298,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None, help="drafter block size (default: the drafter's)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--draft-vocab", default=None, help="draft vocabulary file, or 'none' (default: the drafter's own)")
     p.add_argument("--no-draft", action="store_true", help="start in baseline mode (target only; /baseline toggles)")
     return p
 
@@ -312,7 +315,9 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
         max_tokens=args.max_tokens,
         baseline=args.no_draft,
     )
-    return ChatApp(model=args.model, draft=args.draft, settings=settings, system=args.system)
+    return ChatApp(
+        model=args.model, draft=args.draft, settings=settings, system=args.system, draft_vocab=args.draft_vocab
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,6 +55,9 @@ def generate(
         None, "--draft", help="Drafter path or Hub repo (default: the shipped one for the default model)."
     ),
     no_draft: bool = typer.Option(False, "--no-draft", help="Decode with the target alone."),
+    draft_vocab: Optional[str] = typer.Option(
+        None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
+    ),
     max_tokens: int = typer.Option(256, "--max-tokens", "-m"),
     temp: float = typer.Option(0.0, "--temp"),
     top_p: float = typer.Option(1.0, "--top-p"),
@@ -70,7 +73,7 @@ def generate(
     from dflash_mlx.speculative import format_stats
 
     target, tokenizer = load(model)
-    drafter = None if no_draft else load_draft(draft, model=target)
+    drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if not raw and tokenizer.chat_template:
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
     last = None
@@ -101,6 +104,9 @@ def bench(
         None, "--block-size", help="Ours verifies this many tokens (default: adaptive)."
     ),
     fixed: str = typer.Option("4,8,16", "--fixed", help="Also run ours with these fixed block sizes ('' for none)."),
+    draft_vocab: Optional[str] = typer.Option(
+        None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
+    ),
     reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
 ) -> None:
@@ -120,6 +126,7 @@ def bench(
             reference,
             progress=lambda msg: status.update(msg),
             fixed_sizes=[int(b) for b in fixed.split(",") if b.strip()],
+            draft_vocab=draft_vocab,
         )
     print(markdown_table(report))
     if json_out:
@@ -203,11 +210,12 @@ def serve(
     run_server(Worker(model, draft, block_size=block_size, default_max_tokens=max_tokens), host, port)
 
 
-from app.train_cli import data_command, eval_command, train_command  # noqa: E402
+from app.train_cli import data_command, draft_vocab_command, eval_command, train_command  # noqa: E402
 
 app.command("data")(one_line_errors(data_command))
 app.command("train")(one_line_errors(train_command))
 app.command("eval")(one_line_errors(eval_command))
+app.command("draft-vocab")(one_line_errors(draft_vocab_command))
 
 
 def main() -> None:

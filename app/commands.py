@@ -117,7 +117,7 @@ class SlashCommands:
         self.session.messages.clear()
         self.last = None
         if self.engine is not None:
-            self.engine.load(self.model_path, self.draft_path)
+            self.engine.load(self.model_path, self.draft_path, self.draft_vocab)
 
     async def cmd_quit(self, arg: str) -> None:
         await self.action_quit()

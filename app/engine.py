@@ -202,8 +202,8 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def load(self, model: str | None = None, draft: str | None = None) -> None:
-        self._commands.put(("load", model, draft))
+    def load(self, model: str | None = None, draft: str | None = None, draft_vocab: str | None = None) -> None:
+        self._commands.put(("load", model, draft, draft_vocab))
 
     def generate(self, messages: list[dict], settings: Settings) -> int:
         """Queue a reply to `messages`; returns the generation's number."""
@@ -246,7 +246,7 @@ class Engine:
                 self._emit(Failed(describe_error(exc), name))
         self.model = self.tokenizer = self.draft = self.cache = None
 
-    def _do_load(self, model_path: str | None, draft_path: str | None) -> None:
+    def _do_load(self, model_path: str | None, draft_path: str | None, draft_vocab: str | None = None) -> None:
         self.model = self.tokenizer = self.draft = self.cache = None
         model_name = model_path or DEFAULT_MODEL_NAME
         self._emit(Status(f"target {model_name} …"))
@@ -258,7 +258,8 @@ class Engine:
         draft_name = draft_path or f"default drafter for {model_name}"
         self._emit(Status(f"drafter: {draft_name} …"))
         try:
-            self.draft = self._backend.load_draft(draft_path, model=self.model)
+            extra = {"draft_vocab": draft_vocab} if draft_vocab else {}  # "none", or a draft_vocab.json
+            self.draft = self._backend.load_draft(draft_path, model=self.model, **extra)
         except Exception as exc:
             self._emit(
                 Failed(

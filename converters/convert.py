@@ -38,6 +38,7 @@ from mlx.utils import tree_flatten
 
 from dflash_mlx.atomic import atomic_directory
 from dflash_mlx.config import parse_config
+from dflash_mlx.draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
 from dflash_mlx.drafter import Drafter, DrafterConfig, check_fit, read_config
 from dflash_mlx.errors import one_line
 from dflash_mlx.hub import ResolvedSource, resolve_source
@@ -156,12 +157,31 @@ def _open_source(
     return _Source(src, cfg, raw, ckpt, dropped)
 
 
-def _write_drafter(out: Path, force: bool, arrays: dict, config: dict, fmt: str, card: Optional[str] = None) -> None:
+def _draft_vocab_text(source: _Source) -> Optional[str]:
+    """The source's draft_vocab.json, checked, to carry beside the written weights."""
+    file = source.src.path / DRAFT_VOCAB_FILE
+    if not file.is_file():
+        return None
+    load_draft_vocab(file, source.cfg.vocab_size)
+    return file.read_text()
+
+
+def _write_drafter(
+    out: Path,
+    force: bool,
+    arrays: dict,
+    config: dict,
+    fmt: str,
+    card: Optional[str] = None,
+    draft_vocab: Optional[str] = None,
+) -> None:
     with atomic_directory(out, overwrite=force) as tmp:
         mx.save_safetensors(str(tmp / "model.safetensors"), arrays, metadata={"format": fmt})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if card is not None:
             (tmp / "README.md").write_text(card)
+        if draft_vocab is not None:
+            (tmp / DRAFT_VOCAB_FILE).write_text(draft_vocab)
 
 
 def _mlx_arrays(source: _Source, dtype: str, quant: Optional[dict]) -> dict:
@@ -223,7 +243,7 @@ def convert_drafter(
     card = model_card(
         out=out, src=s.src, fmt=s.ckpt.kind, src_dtype=src_dtype, weights=weights_text, cfg=s.cfg, command=command
     )
-    _write_drafter(out, options.force, arrays, config, "mlx", card)
+    _write_drafter(out, options.force, arrays, config, "mlx", card, _draft_vocab_text(s))
     log(f"wrote {out} ({weights_text}, {size_text(sum(a.nbytes for a in arrays.values()))})")
     return out
 
@@ -293,6 +313,8 @@ def export_drafter(
         log(f"dequantized {quant['bits']}-bit weights")
     arrays = {k: v.astype(getattr(mx, dtype)) for k, v in sorted(weights.items())}
     mx.eval(arrays)
-    _write_drafter(out, options.force, arrays, _output_config(s.cfg, s.raw, dtype), "pt")
+    _write_drafter(
+        out, options.force, arrays, _output_config(s.cfg, s.raw, dtype), "pt", draft_vocab=_draft_vocab_text(s)
+    )
     log(f"wrote {out}: z-lab layout, {len(arrays)} tensors ({dtype})")
     return out

@@ -252,6 +252,18 @@ class Drafter(nn.Module):
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layers = [DecoderLayer(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # "_" keeps these out of parameters(): not trained, not saved with the weights
+        self._draft_vocab: Optional[mx.array] = None
+        self._head_rows: Optional[tuple[int, mx.array]] = None  # (id of the target model, rows)
+
+    @property
+    def draft_vocab(self) -> Optional[mx.array]:
+        """Sorted token ids this drafter may propose (None: the whole vocabulary)."""
+        return self._draft_vocab
+
+    def use_draft_vocab(self, ids: Optional[mx.array]) -> None:
+        """Propose only tokens in `ids` (see `draft_vocab.py`); None lifts the limit."""
+        self._draft_vocab, self._head_rows = ids, None
 
     def make_cache(self) -> list[KVCache]:
         """One context K/V cache per layer."""
@@ -270,8 +282,18 @@ class Drafter(nn.Module):
 
     def propose(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
         """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B): the
-        hook the decoding loop calls, through the target's embedding and lm_head."""
-        return target.lm_head(self(target.embed(block), cache)[:, 1:])[0]
+        hook the decoding loop calls, through the target's embedding and lm_head. With a
+        draft vocabulary only its rows of the head are computed; other tokens get -inf."""
+        h = self(target.embed(block), cache)[0, 1:]
+        if self._draft_vocab is None:
+            return target.lm_head(h)
+        if self._head_rows is None or self._head_rows[0] != id(target.model):
+            rows = target.head_rows(self._draft_vocab)  # sliced once per target
+            mx.eval(rows)
+            self._head_rows = (id(target.model), rows)
+        logits = mx.full((h.shape[0], target.vocab_size), -mx.inf, dtype=h.dtype)
+        logits[:, self._draft_vocab] = h @ self._head_rows[1].T
+        return logits
 
     def __call__(self, block_embeddings: mx.array, cache: Sequence[KVCache]) -> mx.array:
         """block_embeddings: (1, B, hidden), the target's embedding of [last token, MASK...].
@@ -322,7 +344,10 @@ def build_drafter(config: dict | DrafterConfig, weights: dict[str, mx.array] | N
 
 
 def load_drafter_dir(path: str | Path) -> Drafter:
-    """Load an MLX (or z-lab safetensors) drafter directory."""
+    """Load an MLX (or z-lab safetensors) drafter directory, with the draft vocabulary
+    beside its weights if there is one."""
+    from .draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
+
     path = Path(path)
     config = read_config(path)
     files = sorted(path.glob("*.safetensors"))
@@ -331,7 +356,10 @@ def load_drafter_dir(path: str | Path) -> Drafter:
     weights: dict[str, Any] = {}
     for f in files:
         weights.update(mx.load(str(f)))
-    return build_drafter(config, weights)
+    drafter = build_drafter(config, weights)
+    if (path / DRAFT_VOCAB_FILE).is_file():
+        drafter.use_draft_vocab(load_draft_vocab(path, drafter.config.vocab_size))
+    return drafter
 
 
 def save_drafter(drafter: Drafter, path: str | Path, extra_config: dict | None = None) -> None:

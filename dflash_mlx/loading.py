@@ -16,6 +16,7 @@ from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
 from .config import parse_config
 from .defaults import default_model_path, shipped_drafter_dir
+from .draft_vocab import load_draft_vocab
 from .drafter import Drafter, check_fit, load_drafter_dir, read_config
 from .hub import SAFETENSORS_PATTERNS, resolve_source
 from .target import Target
@@ -40,10 +41,14 @@ def load(path_or_repo: Optional[str] = None, **kwargs: Any) -> tuple[nn.Module, 
     return mlx_lm.load(str(path), **kwargs)
 
 
-def load_draft(path_or_repo: Optional[str] = None, model: Optional[nn.Module] = None) -> Drafter:
+def load_draft(
+    path_or_repo: Optional[str] = None, model: Optional[nn.Module] = None, draft_vocab: Optional[str] = None
+) -> Drafter:
     """Load a DFlash drafter from an MLX drafter directory, a z-lab safetensors checkpoint
     directory, or a Hub repo id. With no path, the drafter shipped for the default model.
-    With `model`, also check that the drafter fits that target (one-line ValueError)."""
+    With `model`, also check that the drafter fits that target (one-line ValueError).
+    `draft_vocab`: None uses the drafter's own draft_vocab.json if it has one, "none"
+    drafts over the whole vocabulary, a path uses that file (see `draft_vocab.py`)."""
     if path_or_repo is None:
         path = DEFAULT_DRAFT_DIR
         if not path.is_dir():
@@ -52,6 +57,9 @@ def load_draft(path_or_repo: Optional[str] = None, model: Optional[nn.Module] = 
         path = resolve_source(str(path_or_repo), patterns=SAFETENSORS_PATTERNS, fallback_patterns=None).path
     parse_config(read_config(path), require_layer_ids=False, check_ranges=False)
     drafter = load_drafter_dir(path)
+    if draft_vocab is not None:
+        ids = None if draft_vocab == "none" else load_draft_vocab(draft_vocab, drafter.config.vocab_size)
+        drafter.use_draft_vocab(ids)
     if model is not None:
         target = Target(model)
         check_fit(

@@ -53,6 +53,18 @@ class Target:
             return self.body.embed_tokens.as_linear(hidden)
         return self.model.lm_head(hidden)
 
+    def head_rows(self, ids: mx.array) -> mx.array:
+        """The output matrix's rows for token `ids` (n, hidden), dequantized if needed:
+        `h @ head_rows(ids).T` are those tokens' logits."""
+        if self.tied:
+            return self.body.embed_tokens(ids)  # an embedding lookup dequantizes its rows
+        head = self.model.lm_head
+        if hasattr(head, "scales"):
+            biases = head.biases[ids] if getattr(head, "biases", None) is not None else None
+            return mx.dequantize(head.weight[ids], head.scales[ids], biases, group_size=head.group_size,
+                                 bits=head.bits)
+        return head.weight[ids]
+
     def _masks(self, h: mx.array, cache: Sequence[Any]) -> list[Any]:
         sliding = [getattr(layer, "use_sliding", False) for layer in self.layers]
         full = create_attention_mask(h, cache[sliding.index(False)] if False in sliding else None)

@@ -203,7 +203,7 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
         for p in prompts[:6]:
             stats = GenerationStats()
             n = 0
-            for committed, _, _ in generate_dflash(p, model, d, stats=stats):
+            for committed, _, _ in generate_dflash(p, model, d, stats=stats, block_size=d.config.block_size):
                 n += len(committed)
                 if n >= 32:
                     break
