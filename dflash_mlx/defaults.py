@@ -29,7 +29,7 @@ __all__ = [
 #: The module that provides the default target model when no provider is registered.
 DEFAULT_MODEL_PROVIDER = "converters.default_model"
 #: The drafter shipped for the default target (a data folder under `assets/`).
-SHIPPED_DRAFTER = "smollm2-135m-dflash-b16"
+SHIPPED_DRAFTER = "smollm2-135m-dflash-b8"
 
 _provider: Optional[Callable[[], Path]] = None
 

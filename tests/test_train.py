@@ -271,7 +271,7 @@ def test_shipped_drafter_round_trips_through_export(tmp_path):
     want = dict(tree_flatten(original.parameters()))
     for other in (load_drafter_dir(tmp_path / "saved"), load_draft(str(out))):
         assert other.config.target_layer_ids == original.config.target_layer_ids
-        assert other.config.block_size == original.config.block_size == 16
+        assert other.config.block_size == original.config.block_size == 8
         got = dict(tree_flatten(other.parameters()))
         assert got.keys() == want.keys()
         assert all(mx.array_equal(got[k], want[k]).item() for k in want)

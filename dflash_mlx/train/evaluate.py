@@ -15,11 +15,6 @@ from ..messages import apply_chat_template, read_prompt_file
 from .prompts import collect_prompts
 
 
-def read_eval_prompts(path: str | Path) -> list[dict]:
-    """Held-out prompts written by `dflash data`, or any prompt file `dflash data` reads."""
-    return read_prompt_file(path)
-
-
 def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], *, max_tokens: int = 128,
              temps: Sequence[float] = (0.0, 1.0), block_size: Optional[int] = None, seed: int = 0,
              log: Optional[Callable[[str], None]] = None) -> dict:
@@ -90,7 +85,7 @@ def prompts_for(sources: Sequence[str], limit: Optional[int] = None) -> list[dic
     out = []
     for s in sources:
         if Path(s).is_file():
-            out.extend(read_eval_prompts(s))
+            out.extend(read_prompt_file(s))
         else:
             out.extend(collect_prompts([s]))
     return out[:limit] if limit else out

@@ -327,9 +327,10 @@ class Trainer:
         held = Path(self.args.data).parent / "heldout.jsonl"
         if not held.is_file() or self.args.eval_prompts <= 0:
             return None
-        from .evaluate import evaluate, read_eval_prompts
+        from ..messages import read_prompt_file
+        from .evaluate import evaluate
 
-        prompts = read_eval_prompts(held)[: self.args.eval_prompts]
+        prompts = read_prompt_file(held)[: self.args.eval_prompts]
         res = evaluate(self.model, self.tokenizer, self.drafter, prompts, max_tokens=self.args.eval_tokens,
                        temps=(0.0,))
         return res["0"]["all"]["tau"]
