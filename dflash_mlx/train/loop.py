@@ -20,7 +20,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,6 +34,7 @@ from ..target import Target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
 from .initialize import default_mask_token_id, make_config, rms_fc_init, warm_start
+from .progress import Meter, StepBar
 from .objective import Batch, block_acceptance, block_forward, distill_loss, loss_weights, make_batch
 
 
@@ -349,11 +350,11 @@ class Trainer:
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             log_file = open(self.out / "train_log.jsonl", "a")
-        meter = _Meter(B)
+        meter = Meter(B)
         t_start = time.perf_counter() - st.elapsed
         last_ck = last_eval = time.perf_counter()
         history: list[dict] = []
-        with _StepBar(self.total, st.step, enabled=a.progress and self.rank == 0) as bar:
+        with StepBar(self.total, st.step, enabled=a.progress and self.rank == 0) as bar:
             try:
                 while st.step < self.total or (a.time_limit and not a.max_steps):
                     out = self.step()
@@ -391,80 +392,6 @@ class Trainer:
         if self.rank == 0:
             save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
         return {"step": st.step, "elapsed": st.elapsed, "history": history, "drafter": self.drafter}
-
-
-class _Meter:
-    """Running training numbers between two log lines."""
-
-    def __init__(self, block_size: int):
-        self.B = block_size
-        self.loss: Optional[float] = None
-        self.heldout: Optional[float] = None
-        self.last = ""
-        self.reset()
-
-    def reset(self) -> None:
-        self.correct, self.count = np.zeros(self.B), np.zeros(self.B)
-        self.tau_sum = self.blocks = 0.0
-        self.gnorm = 0.0
-        self.t0, self.pos0 = time.perf_counter(), None
-
-    def add(self, out: dict) -> None:
-        self.loss = out["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * out["loss"]
-        self.correct += out["correct"]
-        self.count += out["count"]
-        self.tau_sum += out["tau_sum"]
-        self.blocks += out["blocks"]
-        self.gnorm = out["grad_norm"]
-
-    def _rate(self, st: TrainState) -> float:
-        if self.pos0 is None:
-            self.pos0 = st.positions
-            self.t0 = time.perf_counter()
-        return (st.positions - self.pos0) / max(time.perf_counter() - self.t0, 1e-9)
-
-    def describe(self, st: TrainState, lr: float) -> str:
-        acc = self.correct / np.maximum(self.count, 1)
-        B = self.B
-        self.last = (f"loss {self.loss or 0:.3f} | acc@1 {acc[1]:.2f} @2 {acc[2]:.2f} @4 {acc[min(4, B - 1)]:.2f} "
-                     f"| tau~{self.tau_sum / max(self.blocks, 1):.2f}"
-                     + (f" held-out {self.heldout:.2f}" if self.heldout is not None else "")
-                     + f" | {self._rate(st):.0f} pos/s | lr {lr:.1e}")
-        return self.last
-
-    def record(self, st: TrainState, lr: float) -> dict:
-        acc = self.correct / np.maximum(self.count, 1)
-        return {"step": st.step, "elapsed": round(st.elapsed, 1), "loss": round(self.loss or 0.0, 4),
-                "acc": [round(float(x), 3) for x in acc[1:]], "train_tau": round(self.tau_sum / max(self.blocks, 1), 3),
-                "grad_norm": round(self.gnorm, 3), "lr": lr, "seqs_seen": st.seen, "positions": st.positions,
-                "positions_per_s": round(self._rate(st), 1)}
-
-
-class _StepBar:
-    """The training progress bar (rich), or nothing."""
-
-    def __init__(self, total: int, done: int, enabled: bool):
-        self.progress = None
-        if enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
-            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.description}"))
-            self.task = self.progress.add_task("", total=total, completed=done)
-
-    def __enter__(self) -> "_StepBar":
-        if self.progress:
-            self.progress.start()
-        return self
-
-    def update(self, step: int, description: str) -> None:
-        if self.progress:
-            self.progress.update(self.task, completed=step, description=description)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.progress:
-            self.progress.stop()
 
 
 def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:
