@@ -19,6 +19,7 @@ from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from dflash_mlx import make_prompt_cache, stream_generate
 from dflash_mlx.adaptive import BlockSizePolicy
+from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.target import Target
 
@@ -37,11 +38,8 @@ BLOCK = 8
 
 
 def drafter_config(**kw) -> DrafterConfig:
-    base = dict(hidden_size=576, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
-                head_dim=64, intermediate_size=1536, vocab_size=49152, num_target_layers=30,
-                target_layer_ids=[2, 15, 28], mask_token_id=4, block_size=BLOCK, rope_theta=1e5)
-    base.update(kw)
-    return DrafterConfig(**base)
+    return smollm2_drafter_config(**{"intermediate_size": 1536, "target_layer_ids": [2, 15, 28],
+                                     "block_size": BLOCK, **kw})
 
 
 class ScriptedDrafter(Drafter):

@@ -39,6 +39,7 @@ from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from dflash_mlx import make_prompt_cache, stream_generate
 from dflash_mlx.adaptive import BlockSizePolicy
+from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.sampling import filter_logprobs, log_softmax, probabilities, speculative_accept
 
@@ -273,10 +274,7 @@ ORACLE_SAMPLES = 160
 
 
 def _drafter_config(block_size: int) -> DrafterConfig:
-    return DrafterConfig(hidden_size=576, num_hidden_layers=1, num_attention_heads=9,
-                         num_key_value_heads=3, head_dim=64, intermediate_size=256,
-                         vocab_size=49152, num_target_layers=30, target_layer_ids=[29],
-                         mask_token_id=4, block_size=block_size, rope_theta=100_000.0)
+    return smollm2_drafter_config(intermediate_size=256, target_layer_ids=[29], block_size=block_size)
 
 
 class OracleDrafter(Drafter):
