@@ -20,6 +20,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
+
 if TYPE_CHECKING:
     from .target import Target
 
@@ -346,8 +348,6 @@ def build_drafter(config: dict | DrafterConfig, weights: dict[str, mx.array] | N
 def load_drafter_dir(path: str | Path) -> Drafter:
     """Load an MLX (or z-lab safetensors) drafter directory, with the draft vocabulary
     beside its weights if there is one."""
-    from .draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
-
     path = Path(path)
     config = read_config(path)
     files = sorted(path.glob("*.safetensors"))

@@ -108,15 +108,9 @@ def target_pass(target: Target, tokens: mx.array, layer_ids: Sequence[int], top_
     (S, L, k * hidden), and the top-K next-token ids and their logits (S, L, K). Logits,
     not log-probabilities: the distillation loss renormalises over the K tokens anyway, and
     a logsumexp over the vocabulary costs as much as the head on MLX's CPU backend."""
-    h = target.embed(tokens)
-    masks = target._masks(h, [None] * target.num_layers)
-    captured = {}
-    for i, layer in enumerate(target.layers):
-        h = layer(h, masks[i], None)
-        if i in layer_ids:
-            captured[i] = h
-    features = mx.concatenate([captured[i] for i in layer_ids], axis=-1)
-    logits = target.lm_head(target.body.norm(h)).astype(mx.float32)
+    view = Target(target.model, layer_ids)  # the adapter's own forward, capturing `layer_ids`
+    hidden, features = view.forward(tokens, [None] * view.num_layers)
+    logits = target.lm_head(hidden).astype(mx.float32)
     ids = mx.argpartition(-logits, top_k - 1, axis=-1)[..., :top_k].astype(mx.int32)
     return features, ids, mx.take_along_axis(logits, ids, axis=-1)
 

@@ -34,7 +34,7 @@ from ..target import Target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
 from .initialize import default_mask_token_id, make_config, rms_fc_init, warm_start
-from .progress import Meter, StepBar
+from .progress import Meter, StepBar, count_bar
 from .objective import Batch, block_acceptance, block_forward, distill_loss, loss_weights, make_batch
 
 
@@ -124,22 +124,15 @@ def lr_at(args: TrainArgs, step: int, total: int, elapsed: float) -> float:
     return lo + 0.5 * (args.lr - lo) * (1 + math.cos(math.pi * t))
 
 
-def head_weight(target: Target) -> Optional[mx.array]:
-    """The (vocab, hidden) output matrix when it is a plain float matrix, else None."""
-    layer = target.body.embed_tokens if target.tied else target.model.lm_head
-    w = getattr(layer, "weight", None)
-    return None if w is None or hasattr(layer, "scales") else w
-
-
 def loss_fn(drafter: Drafter, target: Target, batch: Batch, weights: mx.array, distill: float,
-            vocab: Optional[mx.array] = None, head: Optional[mx.array] = None
-            ) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+            vocab: Optional[mx.array] = None) -> tuple[mx.array, tuple[mx.array, mx.array]]:
     """Position-weighted (1 - distill) * cross-entropy + distill * distillation. With
-    `vocab` (sorted ids) and `head`, logits cover that vocabulary only and the batch's
-    labels / teacher ids are indices into it. Returns (loss, (correct, valid))."""
+    `vocab` (sorted ids), logits cover that vocabulary only (the head's rows for it, as a
+    draft vocabulary uses them) and the batch's labels / teacher ids are indices into it.
+    Returns (loss, (correct, valid))."""
     emb = mx.stop_gradient(target.embed(batch.block_tokens))
     h = block_forward(drafter, batch.features, emb, batch.anchors)  # (N, B, hidden)
-    logits = h @ head[vocab].T if vocab is not None else target.lm_head(h)
+    logits = h @ target.head_rows(vocab).T if vocab is not None else target.lm_head(h)
     N, B, V = logits.shape
     per = nn.losses.cross_entropy(logits, batch.labels, reduction="none")  # (N, B)
     if distill > 0:
@@ -184,9 +177,8 @@ class Trainer:
         self.cfg = self.drafter.config
         self.target = Target(model, self.cfg.target_layer_ids)
         self.weights = loss_weights(self.cfg.block_size, args.gamma)
-        self.head = head_weight(self.target) if args.loss_vocab == "sampled" else None
-        if args.loss_vocab not in ("full", "sampled") or (args.loss_vocab == "sampled" and self.head is None):
-            raise ValueError("--loss-vocab must be 'full' or 'sampled' (sampled needs a float output matrix)")
+        if args.loss_vocab not in ("full", "sampled"):
+            raise ValueError(f"--loss-vocab must be 'full' or 'sampled', got {args.loss_vocab!r}")
         features = Path(args.features) if args.features else Path(args.data).parent / "features"
         self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
         self.seqs: list[tuple[str, list[int], int]] = []
@@ -220,32 +212,13 @@ class Trainer:
                 store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
                 missing = sum(k not in store for k, _, _ in seqs)
                 if missing:
-                    with self._bar("features", missing) as advance:
+                    with count_bar("features", missing, self.args.progress, self.log) as advance:
                         fill_store(store, self.target, {k: t for k, t, _ in seqs}, self.cfg.target_layer_ids,
                                    on_progress=lambda done, total: advance(done))
         if self.world > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
         self.seqs = seqs
-
-    def _bar(self, label: str, total: int):
-        """A rich progress bar (or plain log lines) as a context yielding `advance(done)`."""
-        from contextlib import contextmanager
-
-        @contextmanager
-        def bar():
-            if not self.args.progress:
-                self.log(f"{label}: {total} sequences")
-                yield lambda done: None
-                return
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-                          TimeRemainingColumn()) as p:
-                task = p.add_task("", total=total)
-                yield lambda done: p.update(task, completed=done)
-
-        return bar()
 
     def _initialize(self) -> None:
         if self.args.init == "warm":
@@ -286,7 +259,7 @@ class Trainer:
         t_ids, t_lg = t_ids.reshape(-1, B, a.top_k), t_lg.reshape(-1, B, a.top_k).astype(np.float32)
         labels = np.array(batch.labels)
         vocab = None
-        if self.head is not None:
+        if a.loss_vocab == "sampled":
             extra = rng.choice(self.cfg.vocab_size, size=min(a.negatives, self.cfg.vocab_size), replace=False)
             v = np.union1d(np.union1d(labels.ravel(), t_ids.ravel()), extra).astype(np.int32)
             labels, t_ids = np.searchsorted(v, labels), np.searchsorted(v, t_ids)
@@ -298,7 +271,7 @@ class Trainer:
     # ------------------------------------------------------------------ steps
 
     def _loss(self, drafter: Drafter, batch: Batch, vocab: Optional[mx.array]):
-        return loss_fn(drafter, self.target, batch, self.weights, self.args.distill, vocab, self.head)
+        return loss_fn(drafter, self.target, batch, self.weights, self.args.distill, vocab)
 
     def step(self) -> Optional[dict]:
         """One optimiser step; returns its numbers (None for an empty batch)."""

@@ -1,12 +1,14 @@
 """What a training run shows while it runs: running numbers between log lines, and the bar.
 
 `Meter` keeps loss, per-position accuracy, the train-batch tau estimate and block positions
-per second between two log lines; `StepBar` is the rich progress bar (or nothing)."""
+per second between two log lines; `StepBar` is the rich progress bar (or nothing);
+`count_bar` counts through a one-off job (the feature pass)."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -86,3 +88,18 @@ class StepBar:
     def __exit__(self, *exc: Any) -> None:
         if self.progress:
             self.progress.stop()
+
+
+@contextmanager
+def count_bar(label: str, total: int, enabled: bool, log: Callable[[str], None]
+              ) -> Iterator[Callable[[int], None]]:
+    """A rich bar over `total` items (or one log line), yielding `advance(done)`."""
+    if not enabled:
+        log(f"{label}: {total} sequences")
+        yield lambda done: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as p:
+        task = p.add_task("", total=total)
+        yield lambda done: p.update(task, completed=done)
