@@ -39,6 +39,7 @@ class MethodResult:
     committed: int = 0  # tokens committed by draft/verify cycles
     outputs: list[list[int]] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # block size of every cycle (ours)
+    draft_ms: Optional[float] = None  # one draft at the drafter's block size (ours)
 
     def add(
         self, chunks: list[list[int]], seconds: float, cycles: int, committed: int, sizes: Sequence[int] = ()
@@ -121,6 +122,31 @@ def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
     return path
 
 
+def draft_milliseconds(model, drafter, context: int = 256, repeats: int = 20) -> float:
+    """Wall time of one draft at the drafter's block size, over `context` tokens of random
+    context (the median of `repeats`, after a warm-up): the draft's share of a cycle."""
+    import mlx.core as mx
+
+    from dflash_mlx.target import Target
+
+    target, B = Target(model), drafter.config.block_size
+    cache = drafter.make_cache()
+    features = mx.random.normal((1, context, len(drafter.config.target_layer_ids) * target.hidden_size))
+    drafter.append_context(features.astype(target.embed(mx.array([[0]])).dtype), cache)
+    block = mx.array([[0] + [drafter.config.mask_token_id] * (B - 1)])
+    times = []
+    for _ in range(repeats + 1):
+        tic = time.perf_counter()
+        mx.eval(drafter.propose(block, cache, target).argmax(-1))
+        times.append(time.perf_counter() - tic)
+    return round(1000 * sorted(times[1:])[repeats // 2], 2)
+
+
+def _vocab_label(drafter) -> str:
+    vocab = drafter.draft_vocab
+    return "full" if vocab is None else f"{vocab.size}"
+
+
 def _run_interleaved(
     methods: dict[str, Callable], prompts: list[list[int]], warmup: list[int], progress: Optional[Callable]
 ) -> list[MethodResult]:
@@ -151,6 +177,7 @@ def _rows(results: list[MethodResult]) -> list[dict]:
             "tau": round(r.tau, 2) if r.tau else None,
             "same_tokens_as_mlx_lm": all(a[: len(b)] == b[: len(a)] for a, b in zip(r.outputs, base.outputs)),
             "block_sizes": histogram(r.sizes) if r.sizes else None,
+            "draft_ms": r.draft_ms,
         }
         for r in results
     ]
@@ -170,7 +197,8 @@ def run_bench(
     """Benchmark and return a JSON-able report with one row per method. `draft_path`
     "random" measures the loop's overhead with an untrained drafter. Ours runs with
     `block_size` (None: adaptive, one policy across the prompts, as a chat keeps one),
-    and once more for each of `fixed_sizes`."""
+    once more for each of `fixed_sizes`, and once more for each further draft vocabulary
+    of `draft_vocab` (comma-separated files or 'none'; the first is ours')."""
     import mlx_lm
 
     from dflash_mlx import load, load_draft, stream_generate
@@ -194,7 +222,9 @@ def run_bench(
                 draft_vocab,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
-    drafter = load_draft(draft_path, model=model, draft_vocab=draft_vocab)
+    vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
+    drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
+    drafter = drafters[0]
     block = block_size or drafter.config.block_size
 
     def plain(prompt):
@@ -203,7 +233,7 @@ def run_bench(
         )
         return chunks, seconds, 0, 0
 
-    def ours(size: Optional[int]) -> Callable:
+    def ours(size: Optional[int], drafter=drafter) -> Callable:
         policy = BlockSizePolicy(drafter.config.block_size) if size is None else None
 
         def run(prompt):
@@ -221,6 +251,10 @@ def run_bench(
     for size in fixed_sizes:
         if size != block_size and 2 <= size <= drafter.config.block_size:
             methods[f"dflash-mlx B={size}"] = ours(size)
+    timed = {"dflash-mlx (ours)": drafter}  # rows that get a draft time
+    for other in drafters[1:]:
+        name = f"dflash-mlx vocab {_vocab_label(other)}"
+        methods[name], timed[name] = ours(block_size, other), other
     zlab = _zlab_method(model_dir, draft_dir, block, max_tokens) if reference else None
     if zlab is not None:
         methods["z-lab MLX (reference)"] = zlab
@@ -229,11 +263,15 @@ def run_bench(
         return apply_chat_template(tokenizer, user_messages(text))
 
     results = _run_interleaved(methods, [chat(text) for text in prompts], chat("Hi"), progress)
+    for result in results:
+        if result.name in timed:
+            result.draft_ms = draft_milliseconds(model, timed[result.name])
     rows = _rows(results)
     return {
         "model": model_dir,
         "draft": str(draft_dir),
         "block_size": block_size or "adaptive",
+        "draft_vocab": _vocab_label(drafter),
         "max_tokens": max_tokens,
         "prompts": len(prompts),
         "results": rows,
@@ -243,17 +281,20 @@ def run_bench(
 def markdown_table(report: dict) -> str:
     """The report as a markdown table."""
     lines = [
-        f"model `{Path(report['model']).name}`, draft `{Path(report['draft']).name}`, block {report['block_size']}, "
+        f"model `{Path(report['model']).name}`, draft `{Path(report['draft']).name}` "
+        f"(draft vocabulary: {report.get('draft_vocab', 'full')}), block {report['block_size']}, "
         f"{report['prompts']} prompts x {report['max_tokens']} max new tokens, greedy",
         "",
-        "| method | tokens | tok/s | speedup | tau | block sizes (size: cycles) | same tokens as mlx-lm |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| method | tokens | tok/s | speedup | tau | draft ms | block sizes (size: cycles) | same tokens as mlx-lm |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in report["results"]:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
+        draft_ms = f"{r['draft_ms']:.1f}" if r.get("draft_ms") else "-"
         sizes = " ".join(f"{b}:{n}" for b, n in enumerate(r.get("block_sizes") or [], 1) if n) or "-"
         lines.append(
-            f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} | {sizes} | "
+            f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} "
+            f"| {draft_ms} | {sizes} | "
             f"{'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |"
         )
     return "\n".join(lines)

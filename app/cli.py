@@ -105,7 +105,10 @@ def bench(
     ),
     fixed: str = typer.Option("4,8,16", "--fixed", help="Also run ours with these fixed block sizes ('' for none)."),
     draft_vocab: Optional[str] = typer.Option(
-        None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
+        None,
+        "--draft-vocab",
+        help="Draft vocabulary file, or 'none' (default: the drafter's own, if any). Several, comma-separated: "
+        "ours also runs with each further one.",
     ),
     reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
@@ -194,6 +197,10 @@ def export_command(
 def serve(
     model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    no_draft: bool = typer.Option(False, "--no-draft", help="Decode with the target alone."),
+    draft_vocab: Optional[str] = typer.Option(
+        None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port"),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="Fixed block size (default: adaptive)."),
@@ -207,7 +214,10 @@ def serve(
         raise ValueError(f"--block-size must be at least 2, got {block_size}")
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
-    run_server(Worker(model, draft, block_size=block_size, default_max_tokens=max_tokens), host, port)
+    worker = Worker(
+        model, draft, block_size=block_size, default_max_tokens=max_tokens, no_draft=no_draft, draft_vocab=draft_vocab
+    )
+    run_server(worker, host, port)
 
 
 from app.train_cli import data_command, draft_vocab_command, eval_command, train_command  # noqa: E402

@@ -133,6 +133,7 @@ class Worker:
         default_max_tokens: for requests that do not set one.
         max_queue: requests waiting at most (beyond that `submit` raises `QueueFull`).
         no_draft: decode with the target alone.
+        draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
     """
 
     def __init__(
@@ -145,8 +146,9 @@ class Worker:
         max_queue: int = 64,
         cache_slots: int = 4,
         no_draft: bool = False,
+        draft_vocab: Optional[str] = None,
     ):
-        self.model_ref, self.draft_ref, self.no_draft = model, draft, no_draft
+        self.model_ref, self.draft_ref, self.no_draft, self.draft_vocab = model, draft, no_draft, draft_vocab
         self.block_size, self.default_max_tokens, self.cache_slots = block_size, default_max_tokens, cache_slots
         self.info: Optional[ModelInfo] = None
         self.load_error: Optional[str] = None
@@ -205,7 +207,11 @@ class Worker:
         import dflash_mlx
 
         self.model, self.tokenizer = dflash_mlx.load(self.model_ref)
-        self.draft = None if self.no_draft else dflash_mlx.load_draft(self.draft_ref, model=self.model)
+        self.draft = (
+            None
+            if self.no_draft
+            else dflash_mlx.load_draft(self.draft_ref, model=self.model, draft_vocab=self.draft_vocab)
+        )
         self.pool = CachePool(lambda: dflash_mlx.make_prompt_cache(self.model, self.draft), self.cache_slots)
         args = getattr(self.model, "args", None)
         context = getattr(args, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 0)

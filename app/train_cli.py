@@ -93,6 +93,7 @@ def eval_command(
     prompts: List[str] = typer.Option(..., "--prompts", "-p",
                                       help="heldout.jsonl from `dflash data`, a prompt JSONL, or a built-in source. Repeatable."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    draft_vocab: Optional[str] = typer.Option(None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."),
     model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
     temp: List[float] = typer.Option([0.0, 1.0], "--temp", help="Temperatures (repeatable)."),
@@ -109,7 +110,7 @@ def eval_command(
     if not items:
         raise ValueError("no prompts to evaluate")
     target, tokenizer = load(model)
-    drafter = load_draft(draft, model=target)
+    drafter = load_draft(draft, model=target, draft_vocab=draft_vocab)
     results = evaluate(target, tokenizer, drafter, items, max_tokens=max_tokens, temps=temp,
                        block_size=block_size, seed=seed)
     typer.echo(format_results(results))
@@ -120,7 +121,7 @@ def eval_command(
 def draft_vocab_command(
     data: List[Path] = typer.Option(..., "--data", "-d", help="train.jsonl from `dflash data` (or its directory). Repeatable."),
     out: Path = typer.Option(..., "--out", "-o", help="A drafter directory (writes draft_vocab.json into it) or a file path."),
-    size: Optional[int] = typer.Option(None, "--size", help="Keep this many most frequent tokens."),
+    size: Optional[int] = typer.Option(None, "--size", help="Keep this many most frequent tokens (past the counted ones: the lowest ids, BPE's most frequent merges)."),
     coverage: Optional[float] = typer.Option(None, "--coverage", help="Keep the most frequent tokens up to this share of all."),
     model: Optional[str] = typer.Option(None, "--model", help="Target model, for its EOS and chat-template tokens (default: SmolLM2)."),
 ) -> None:
@@ -140,11 +141,12 @@ def draft_vocab_command(
             raise FileNotFoundError(f"no training data at {file}")
         for rec in iter_records(file):
             counts.update(rec["completion_ids"])
-    _, tokenizer = load(model)
+    target, tokenizer = load(model)
     eos = sorted(set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id]))
     turn = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     specials = set(apply_chat_template(tokenizer, turn)) & set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids, covered = build_draft_vocab(counts, size=size, coverage=coverage, required=set(eos) | specials)
+    ids, covered = build_draft_vocab(counts, size=size, coverage=coverage, required=set(eos) | specials,
+                                     vocab_size=target.args.vocab_size)
     if not (out.is_dir() or out.suffix == ".json"):
         raise ValueError(f"--out must be a drafter directory or a .json file, got {out}")
     file = save_draft_vocab(ids, out, eos, covered, source=", ".join(str(d) for d in data))

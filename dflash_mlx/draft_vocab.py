@@ -61,11 +61,20 @@ def load_draft_vocab(path: str | Path, vocab_size: int) -> mx.array:
 
 
 def build_draft_vocab(
-    counts: Counter, *, size: Optional[int] = None, coverage: Optional[float] = None, required: Iterable[int] = ()
+    counts: Counter,
+    *,
+    size: Optional[int] = None,
+    coverage: Optional[float] = None,
+    required: Iterable[int] = (),
+    vocab_size: Optional[int] = None,
 ) -> tuple[np.ndarray, float]:
     """The most frequent tokens of `counts`, up to `size` tokens or until they cover
     `coverage` of all counted tokens, plus the `required` ids (EOS, chat-template
-    specials). Returns (sorted ids, coverage of the counted tokens)."""
+    specials). Returns (sorted ids, coverage of the counted tokens).
+
+    When `size` asks for more tokens than were counted and `vocab_size` is given, the rest
+    are the lowest unseen ids: in a BPE vocabulary ids follow merge order, which follows
+    the tokenizer corpus's frequencies, the best prior for tokens the data never showed."""
     if (size is None) == (coverage is None):
         raise ValueError("give exactly one of --size and --coverage")
     if size is not None and size < 1:
@@ -85,6 +94,9 @@ def build_draft_vocab(
         if token not in chosen:
             chosen.add(int(token))
         covered += n
+    if size is not None and vocab_size is not None and len(chosen) < size:
+        unseen = (i for i in range(vocab_size) if i not in chosen)
+        chosen.update(next(unseen) for _ in range(min(size, vocab_size) - len(chosen)))
     covered = sum(counts[t] for t in chosen)
     return np.array(sorted(chosen), dtype=np.int32), covered / total
 

@@ -32,3 +32,17 @@ def test_bench_cli_writes_json(default_model_dir, tmp_path):
                                                         "dflash-mlx B=8", "dflash-mlx B=16"]
     assert sum(report["results"][1]["block_sizes"]) == report["results"][1]["tokens"]  # adaptive: one cycle a token
     assert "| dflash-mlx (ours) |" in result.output
+
+
+def test_bench_compares_draft_vocabularies(default_model_dir, tmp_path):
+    vocab = tmp_path / "v.json"
+    vocab.write_text(json.dumps({"ids": list(range(300)), "eos_token_ids": [2]}))
+    report = run_bench(str(default_model_dir), "random", ["Name a colour."], max_tokens=8, reference=False,
+                       draft_vocab=f"none,{vocab}")
+    rows = {r["method"]: r for r in report["results"]}
+    assert list(rows) == ["mlx-lm", "dflash-mlx (ours)", "dflash-mlx vocab 300"]
+    assert all(r["same_tokens_as_mlx_lm"] for r in rows.values())
+    assert report["draft_vocab"] == "full"
+    assert rows["mlx-lm"]["draft_ms"] is None
+    assert rows["dflash-mlx (ours)"]["draft_ms"] > 0 and rows["dflash-mlx vocab 300"]["draft_ms"] > 0
+    assert "| draft ms |" in markdown_table(report)

@@ -44,6 +44,9 @@ def test_builder_keeps_the_most_frequent_tokens_and_the_required_ones():
     assert ids.tolist() == [0, 2, 5, 9] and cov == pytest.approx(0.95)
     ids, cov = build_draft_vocab(counts, coverage=1.0)
     assert ids.tolist() == [2, 5, 7, 9, 11] and cov == 1.0
+    ids, cov = build_draft_vocab(counts, size=8, required=[0], vocab_size=20)  # 6 counted, 2 lowest unseen
+    assert ids.tolist() == [0, 1, 2, 3, 5, 7, 9, 11] and cov == 1.0
+    assert build_draft_vocab(counts, size=30, vocab_size=12)[0].tolist() == list(range(12))
     with pytest.raises(ValueError, match="exactly one of"):
         build_draft_vocab(counts)
     with pytest.raises(ValueError, match="--coverage"):
@@ -81,6 +84,24 @@ def test_greedy_is_token_identical_with_subsets(default_model, tmp_path):
             assert set(drafted) <= set(ids.tolist())  # nothing outside the subset was proposed
     none = load_draft(str(DEFAULT_DRAFT_DIR), model=model, draft_vocab="none")
     assert none.draft_vocab is None
+
+
+def test_eval_reports_the_share_of_target_tokens_in_the_subset(default_model, tmp_path):
+    from dflash_mlx.train.evaluate import evaluate
+
+    model, tokenizer = default_model
+    eos = sorted(tokenizer.eos_token_ids)
+    ids = np.union1d(np.arange(0, 49152, 2), eos)
+    save_draft_vocab(ids, tmp_path / "v.json", eos, coverage=0.0)
+    drafter = load_draft(str(DEFAULT_DRAFT_DIR), model=model, draft_vocab=str(tmp_path / "v.json"))
+    prompt = {"messages": [{"role": "user", "content": PROMPTS[0]}], "source": "chat"}
+    result = evaluate(model, tokenizer, drafter, [prompt], max_tokens=48, temps=(0.0,))["0"]["all"]
+    written = _greedy(model, tokenizer, PROMPTS[0])
+    assert result["tokens"] == len(written)
+    assert result["vocab_coverage"] == round(sum(t in set(ids.tolist()) for t in written) / len(written), 4)
+    assert "vocab_coverage" not in evaluate(model, tokenizer, load_draft(str(DEFAULT_DRAFT_DIR), model=model,
+                                                                         draft_vocab="none"),
+                                            [prompt], max_tokens=8, temps=(0.0,))["0"]["all"]
 
 
 def test_sampling_is_exact_with_a_subset(sampling_setup):  # noqa: F811

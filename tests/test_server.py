@@ -142,6 +142,25 @@ def test_cli_serve_busy_port_is_one_line(monkeypatch):
     assert result.exit_code == 1 and "error: cannot listen on 127.0.0.1" in result.output
 
 
+def test_cli_serve_bad_draft_vocab_is_one_line(default_model_dir, tmp_path):
+    from app.cli import app
+
+    bad = tmp_path / "v.json"
+    bad.write_text(json.dumps({"ids": [3, 1], "eos_token_ids": [2]}))
+    result = CliRunner().invoke(app, ["serve", "--port", "0", "--draft-vocab", str(bad)])
+    assert result.exit_code == 1 and "ids are unsorted" in result.output and "Traceback" not in result.output
+
+
+def test_worker_drafts_with_the_given_vocabulary(default_model_dir, tmp_path):
+    vocab = tmp_path / "v.json"
+    vocab.write_text(json.dumps({"ids": [0, 1, 2, 7], "eos_token_ids": [2]}))
+    w = Worker(draft_vocab=str(vocab))
+    try:
+        assert w.start(timeout=600).has_draft and w.draft.draft_vocab.tolist() == [0, 1, 2, 7]
+    finally:
+        w.shutdown()
+
+
 def test_cache_pool_continues_a_conversation_else_takes_a_fresh_cache():
     class Cache:
         def __init__(self):

@@ -24,24 +24,26 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
     from ..speculative import histogram, stream_generate
 
     B = block_size or drafter.config.block_size
+    vocab = set(drafter.draft_vocab.tolist()) if drafter.draft_vocab is not None else None
     results: dict = {}
     for temp in temps:
         per: dict[str, dict] = {}
         for i, p in enumerate(prompts):
             ids = apply_chat_template(tokenizer, p["messages"])
-            last = None
             t0 = time.perf_counter()
-            for last in stream_generate(model, tokenizer, ids, drafter, max_tokens=max_tokens, temp=temp,
-                                        block_size=B, seed=seed + i if temp > 0 else None):
-                pass
+            responses = [r for r in stream_generate(model, tokenizer, ids, drafter, max_tokens=max_tokens, temp=temp,
+                                                    block_size=B, seed=seed + i if temp > 0 else None)]
             dt = time.perf_counter() - t0
-            s = last.stats
+            s = responses[-1].stats
+            covered = sum(r.token in vocab for r in responses) if vocab is not None else 0
             for key in (p.get("source", "prompts"), "all"):
-                agg = per.setdefault(key, {"accepted_lengths": [], "tokens": 0, "seconds": 0.0, "prompts": 0})
+                agg = per.setdefault(key, {"accepted_lengths": [], "tokens": 0, "seconds": 0.0, "prompts": 0,
+                                           "covered": 0})
                 agg["accepted_lengths"] += list(s.accepted_lengths)
                 agg["tokens"] += s.generated_tokens
                 agg["seconds"] += dt
                 agg["prompts"] += 1
+                agg["covered"] += covered
             if log:
                 log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('source', '')}: tau {s.mean_acceptance:.2f}")
         out = {}
@@ -52,6 +54,8 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
                         "position_acceptance": position_acceptance(hist),
                         "cycles": len(lengths), "tokens": agg["tokens"], "prompts": agg["prompts"],
                         "tokens_per_s": round(agg["tokens"] / max(agg["seconds"], 1e-9), 2)}
+            if vocab is not None:
+                out[key]["vocab_coverage"] = round(agg["covered"] / max(agg["tokens"], 1), 4)
         results[f"{temp:g}"] = out
     return results
 
@@ -72,7 +76,8 @@ def format_results(results: dict) -> str:
     for temp, per in results.items():
         lines.append(f"temperature {temp}")
         for key, r in sorted(per.items(), key=lambda kv: (kv[0] == "all", kv[0])):
-            lines.append(f"  {key:<12} tau {r['tau']:5.2f}  ({r['cycles']} cycles, {r['tokens']} tokens, "
+            coverage = f", {r['vocab_coverage']:.1%} in the draft vocab" if "vocab_coverage" in r else ""
+            lines.append(f"  {key:<12} tau {r['tau']:5.2f}  ({r['cycles']} cycles, {r['tokens']} tokens{coverage}, "
                          f"{r['tokens_per_s']:.1f} tok/s)  histogram {r['histogram']}")
             if key == "all":
                 acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["position_acceptance"])
