@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence
 
-from .drafter import DrafterConfig
+from .drafter import DrafterConfig, config_from_dict, is_dflash2
+from .drafter2 import DFLASH2_FIELDS, Drafter2Config
 
 __all__ = ["check_config", "parse_config", "parse_layer_ids"]
 
@@ -49,13 +50,14 @@ def parse_config(
         raise ValueError("config.json must hold a JSON object")
     raw = json.loads(json.dumps(raw))  # private deep copy
     arch = raw.get("architectures")
-    if arch and "DFlashDraftModel" not in arch:
-        if any("DFlash2" in str(a) for a in arch):
-            raise ValueError(
-                f"config.json architectures {arch}: DFlash v2 drafters are not supported "
-                "(mlx-dflash runs DFlash v1, DFlashDraftModel)"
-            )
-        raise ValueError(f"config.json architectures {arch} is not a DFlash drafter (expected DFlashDraftModel)")
+    if arch and not {"DFlashDraftModel", "DFlash2DraftModel"} & set(arch):
+        raise ValueError(
+            f"config.json architectures {arch} is not a DFlash drafter (expected DFlashDraftModel or DFlash2DraftModel)"
+        )
+    if not is_dflash2(raw):
+        stray = [k for k in DFLASH2_FIELDS if _dflash_value(raw, k) is not None]
+        if stray:
+            raise ValueError(f"config.json sets {stray[0]}, a DFlash2 field, but architectures is {arch}")
     present = _dflash_value(raw, "target_layer_ids")
     if target_layer_ids is not None:
         ids = [int(i) for i in target_layer_ids]
@@ -74,7 +76,7 @@ def parse_config(
         if value not in off:
             raise ValueError(f"config.json sets {name} = {value}, which mlx-dflash does not implement")
     try:
-        cfg = DrafterConfig.from_dict(raw)
+        cfg = config_from_dict(raw)
     except (KeyError, TypeError) as e:
         raise ValueError(f"config.json is not a valid drafter config ({type(e).__name__}: {e})") from None
     check_config(cfg, check_ranges=check_ranges)
@@ -119,6 +121,21 @@ def check_config(cfg: DrafterConfig, check_ranges: bool = True) -> None:
         raise ValueError(f"config.json layer_types: unsupported {unknown}")
     if "sliding_attention" in cfg.layer_types and not (isinstance(cfg.sliding_window, int) and cfg.sliding_window > 0):
         raise ValueError(f"config.json has sliding_attention layers but sliding_window is {cfg.sliding_window!r}")
+    if isinstance(cfg, Drafter2Config):
+        _check_dflash2(cfg)
+
+
+def _check_dflash2(cfg: Drafter2Config) -> None:
+    for name in DFLASH2_FIELDS:
+        value = getattr(cfg, name)
+        if value is None:
+            raise ValueError(f"config.json lacks dflash_config.{name}, which a DFlash2 drafter needs")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"config.json {name} must be a positive integer, got {value!r}")
+    if cfg.hidden_size % cfg.conv_group_size:
+        raise ValueError(f"config.json conv_group_size {cfg.conv_group_size} does not divide hidden_size {cfg.hidden_size}")
+    if cfg.selector_top_k > cfg.vocab_size:
+        raise ValueError(f"config.json selector_top_k {cfg.selector_top_k} exceeds vocab_size {cfg.vocab_size}")
 
 
 def _check_ranges(cfg: DrafterConfig) -> None:

@@ -102,7 +102,8 @@ class Cycles:
         cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
         cache.flush()
         block = mx.array([[token] + [drafter.config.mask_token_id] * (size - 1)])
-        drafts, draft_probs = self.sampling.draft(drafter.propose(block, cache.draft, target))
+        draft = drafter.draft(block, cache.draft, target, self.sampling)
+        drafts = draft.tokens
         drafting = 0.0
         if self.profile:
             mx.eval(drafts)
@@ -111,7 +112,7 @@ class Cycles:
             mx.async_eval(drafts)  # drafting runs while the verify graph is built
         hidden, features = target.forward(mx.concatenate([block[0, :1], drafts])[None], cache.target)
         logits = target.lm_head(hidden)[0]
-        accepted, bonus = self.sampling.accept(drafts, draft_probs, logits)
+        accepted, bonus = self.sampling.accept(draft, logits)
         *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
         # Keep [token, accepted drafts] in the target cache; their features become context.
         trim_prompt_cache(cache.target, size - accepted - 1)

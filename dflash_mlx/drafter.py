@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,6 +21,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
+from .sampling import Draft, SamplingParams
 
 if TYPE_CHECKING:
     from .target import Target
@@ -34,9 +35,31 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(1 + i * step)) for i in range(num_draft_layers)]
 
 
+def is_dflash2(config: dict) -> bool:
+    """Whether a config.json dict describes a DFlash2 drafter (`drafter2.py`): it names
+    DFlash2DraftModel, or names no architecture and sets a DFlash2 field."""
+    arch = config.get("architectures")
+    if arch:
+        return "DFlash2DraftModel" in arch
+    sub = config.get("dflash_config") or {}
+    return any(k in sub or k in config for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                 "selector_top_k"))
+
+
+def config_from_dict(config: dict) -> "DrafterConfig":
+    """The config of the drafter family a config.json dict describes (v1 or DFlash2)."""
+    if is_dflash2(config):
+        from .drafter2 import Drafter2Config  # drafter2 builds on this module
+
+        return Drafter2Config.from_dict(config)
+    return DrafterConfig.from_dict(config)
+
+
 @dataclass
 class DrafterConfig:
     """Everything a drafter needs, read from z-lab's config.json (any of its variants)."""
+
+    architecture: ClassVar[str] = "DFlashDraftModel"
 
     hidden_size: int
     num_hidden_layers: int
@@ -118,7 +141,7 @@ class DrafterConfig:
         """z-lab's config.json layout (what SGLang / vLLM and z-lab's loader read)."""
         out = dict(self.extra)
         out.update(
-            architectures=["DFlashDraftModel"],
+            architectures=[self.architecture],
             model_type="qwen3",
             hidden_size=self.hidden_size,
             num_hidden_layers=self.num_hidden_layers,
@@ -144,6 +167,10 @@ class DrafterConfig:
         if self.is_causal is not None:
             out["is_causal"] = self.is_causal
         return out
+
+    def make_drafter(self) -> "Drafter":
+        """A drafter of this config's family, with freshly initialised weights."""
+        return Drafter(self)
 
 
 def check_fit(config: DrafterConfig, *, num_layers: int, hidden_size: int, vocab_size: int) -> None:
@@ -246,13 +273,15 @@ class Drafter(nn.Module):
     """A DFlash v1 drafter. Feed it context with `append_context`, then call it on a
     block's embeddings; apply the target's lm_head to the result."""
 
+    layer_class: ClassVar[type] = DecoderLayer
+
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
         n_feat = len(config.target_layer_ids)
         self.fc = nn.Linear(n_feat * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.layers = [DecoderLayer(config) for _ in range(config.num_hidden_layers)]
+        self.layers = [self.layer_class(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # "_" keeps these out of parameters(): not trained, not saved with the weights
         self._draft_vocab: Optional[mx.array] = None
@@ -266,6 +295,15 @@ class Drafter(nn.Module):
     def use_draft_vocab(self, ids: Optional[mx.array]) -> None:
         """Propose only tokens in `ids` (see `draft_vocab.py`); None lifts the limit."""
         self._draft_vocab, self._head_rows = ids, None
+
+    #: checkpoint key -> parameter name, for the names some checkpoints use instead of ours
+    key_aliases: ClassVar[dict[str, str]] = {}
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """A checkpoint's tensors under this drafter's parameter names, without the copies
+        of the target's embed_tokens / lm_head that some uploads carry."""
+        drop = ("embed_tokens.weight", "lm_head.weight")
+        return {self.key_aliases.get(k, k): v for k, v in weights.items() if k not in drop}
 
     def make_cache(self) -> list[KVCache]:
         """One context K/V cache per layer."""
@@ -282,11 +320,19 @@ class Drafter(nn.Module):
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(context, c)
 
+    def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", sampling: SamplingParams) -> Draft:
+        """The hook the decoding loop calls: draft tokens for block positions 1..B-1 of
+        `block` (1, B), and the distribution they were drawn from."""
+        return sampling.draft(self.propose(block, cache, target))
+
     def propose(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
-        """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B): the
-        hook the decoding loop calls, through the target's embedding and lm_head. With a
-        draft vocabulary only its rows of the head are computed; other tokens get -inf."""
-        h = self(target.embed(block), cache)[0, 1:]
+        """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B),
+        through the target's embedding and lm_head."""
+        return self.head(self(target.embed(block), cache)[0, 1:], target)
+
+    def head(self, h: mx.array, target: "Target") -> mx.array:
+        """Logits (n, vocab) of normed hidden states h (n, hidden), by the target's lm_head.
+        With a draft vocabulary only its rows of the head are computed; other tokens get -inf."""
         if self._draft_vocab is None:
             return target.lm_head(h)
         if self._head_rows is None or self._head_rows[0] != id(target.model):
@@ -331,16 +377,14 @@ def read_config(path: Path) -> dict:
 def build_drafter(config: dict | DrafterConfig, weights: dict[str, mx.array] | None = None) -> Drafter:
     """Build a drafter from a config and (optionally) a z-lab-layout weight dict.
     Checkpoint copies of the target's embed_tokens / lm_head are dropped."""
-    cfg = config if isinstance(config, DrafterConfig) else DrafterConfig.from_dict(config)
-    drafter = Drafter(cfg)
+    cfg = config if isinstance(config, DrafterConfig) else config_from_dict(config)
+    drafter = cfg.make_drafter()
     raw = config.extra if isinstance(config, DrafterConfig) else config
     quant = raw.get("quantization")
     if quant:
         nn.quantize(drafter, group_size=quant["group_size"], bits=quant["bits"])
     if weights is not None:
-        weights = {k: v for k, v in weights.items()
-                   if k not in ("embed_tokens.weight", "lm_head.weight")}
-        drafter.load_weights(list(weights.items()), strict=True)
+        drafter.load_weights(list(drafter.sanitize(weights).items()), strict=True)
     mx.eval(drafter.parameters())
     return drafter
 

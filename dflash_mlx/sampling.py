@@ -8,7 +8,7 @@ same filters, which keeps rejection sampling exact for the filtered target distr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import mlx.core as mx
 
@@ -70,6 +70,23 @@ def speculative_accept(drafts: mx.array, draft_probs: mx.array, target_probs: mx
     return a, sample(residual)[a]
 
 
+class Draft(NamedTuple):
+    """A drafter's proposal for one block: what acceptance needs to know about it."""
+
+    tokens: mx.array  # (B-1,) the drafted tokens
+    probs: Optional[mx.array] = None  # q, each token's distribution; None: greedy drafts
+    # q's columns: None for the whole vocabulary (B-1, V); else the token ids (B-1, k) of
+    # the k candidates q is over (DFlash2's selector drafts among each position's top k)
+    indices: Optional[mx.array] = None
+
+    def dense_probs(self, vocab_size: int) -> mx.array:
+        """q over the whole vocabulary (B-1, V): zero outside the candidates."""
+        if self.indices is None:
+            return self.probs
+        zeros = mx.zeros((self.probs.shape[0], vocab_size), dtype=self.probs.dtype)
+        return mx.put_along_axis(zeros, self.indices, self.probs, axis=-1)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are picked: greedy at `temp == 0`, else sampled from the filtered,
@@ -91,18 +108,19 @@ class SamplingParams:
         """One token per row of logits."""
         return mx.argmax(logits, axis=-1) if self.greedy else sample(self.probs(logits))
 
-    def draft(self, logits: mx.array) -> tuple[mx.array, Optional[mx.array]]:
+    def draft(self, logits: mx.array) -> Draft:
         """Draft tokens per row of draft logits, and the distribution they came from
         (None when greedy: acceptance then only compares tokens)."""
         if self.greedy:
-            return mx.argmax(logits, axis=-1), None
+            return Draft(mx.argmax(logits, axis=-1))
         probs = self.probs(logits)
-        return sample(probs), probs
+        return Draft(sample(probs), probs)
 
-    def accept(self, drafts: mx.array, draft_probs: Optional[mx.array], target_logits: mx.array
-               ) -> tuple[mx.array, mx.array]:
+    def accept(self, draft: Draft, target_logits: mx.array) -> tuple[mx.array, mx.array]:
         """(accepted draft count, the target's next token): greedy comparison, or
-        lossless rejection sampling when the drafts were sampled."""
-        if draft_probs is None:
-            return greedy_accept(drafts, target_logits)
-        return speculative_accept(drafts, draft_probs, self.probs(target_logits))
+        lossless rejection sampling when the drafts were sampled (q zero outside a
+        draft's candidates, so the residual max(p - q, 0) differs from p only there)."""
+        if draft.probs is None:
+            return greedy_accept(draft.tokens, target_logits)
+        q = draft.dense_probs(target_logits.shape[-1])
+        return speculative_accept(draft.tokens, q, self.probs(target_logits))

@@ -222,10 +222,25 @@ def zlab_config(
     return config
 
 
+def zlab2_config(conv_kernel_size: int = 2, conv_group_size: int = 16, selector_rank: int = 8,
+                 selector_top_k: int = 4, **v1) -> dict:
+    """A DFlash2 config.json dict (``DFlash2DraftModel``): :func:`zlab_config`'s arguments
+    plus the DFlash2 fields, which z-lab's configs keep in ``dflash_config``."""
+    extra = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
+                 selector_rank=selector_rank, selector_top_k=selector_top_k)
+    v1["dflash_config"] = {**extra, **(v1.get("dflash_config") or {})}
+    return zlab_config(architectures=["DFlash2DraftModel"],
+                       auto_map={"AutoModel": "dflash.DFlash2DraftModel"}, **v1)
+
+
+def _model_class(config: dict):
+    zm = _zlab()
+    return zm.DFlash2DraftModel if "DFlash2DraftModel" in config.get("architectures", []) else zm.DFlashDraftModel
+
+
 def torch_config(config: dict):
     """The ``Qwen3Config`` z-lab's torch model is built from (as ``from_pretrained`` would)."""
-    zm = _zlab()
-    return zm.DFlashDraftModel.config_class.from_dict(dict(config))
+    return _model_class(config).config_class.from_dict(dict(config))
 
 
 # ---------------------------------------------------------------------------
@@ -238,18 +253,19 @@ def make_torch_drafter(
     weight_std: float = 0.02,
     norm_std: float = 0.1,
 ):
-    """z-lab's PyTorch ``DFlashDraftModel`` in float32, eval mode, seeded random weights.
+    """z-lab's PyTorch ``DFlashDraftModel`` (or ``DFlash2DraftModel``, as the config's
+    architectures say) in float32, eval mode, seeded random weights.
 
     Matrices ~ normal(0, weight_std); vectors (all RMSNorm weights, and biases if
     ``attention_bias``) ~ 1 + norm_std * normal for norms, weight_std * normal for
-    biases. The global torch RNG is left untouched.
+    biases. DFlash2's parameters get scales that make them matter (:func:`_scale_dflash2`).
+    The global torch RNG is left untouched.
     """
     import torch
 
-    zm = _zlab()
     cfg = torch_config(config)
     with torch.random.fork_rng(devices=[]):
-        model = zm.DFlashDraftModel(cfg)
+        model = _model_class(config)(cfg)
     model = model.to(dtype=torch.float32).eval()
 
     gen = torch.Generator().manual_seed(int(seed))
@@ -260,7 +276,24 @@ def make_torch_drafter(
                 param.copy_(1.0 + norm_std * noise)
             else:
                 param.copy_(weight_std * noise)
+            _scale_dflash2(name, param, noise, cfg.hidden_size)
     return model
+
+
+def _scale_dflash2(name: str, param, noise, hidden_size: int) -> None:
+    """Random DFlash2 weights whose effects are not negligible: convolution base kernels
+    near the identity (1 at offset 0) with spread 0.5, per-token kernels of about 0.1,
+    unit-normal codebooks and a hidden projection that makes the selector's interaction
+    term about as large as the spread of the top logits."""
+    if name.endswith("base_kernel"):
+        param.copy_(0.5 * noise)
+        param[:, 0] += 1.0
+    elif name.endswith("kernel_projection.weight"):
+        param.copy_(0.1 / hidden_size**0.5 * noise)
+    elif name.endswith("codebook.weight"):
+        param.copy_(noise)
+    elif name.endswith("hidden_projection.weight"):
+        param.copy_(0.5 / hidden_size**0.5 * noise)
 
 
 def _torch_dtype(dtype):
@@ -299,7 +332,7 @@ def save_zlab_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     tdtype = _torch_dtype(dtype)
 
-    tensors = {k: v.detach().to("cpu", tdtype).contiguous().clone()
+    tensors = {released_key(k): v.detach().to("cpu", tdtype).contiguous().clone()
                for k, v in torch_model.state_dict().items()}
     for k, v in (extra_tensors or {}).items():
         tensors[k] = torch.as_tensor(np.asarray(v)).to(tdtype).contiguous()
@@ -355,6 +388,12 @@ def read_checkpoint_tensors(path) -> dict[str, np.ndarray]:
     return {k: v.to(torch.float32).numpy() for k, v in tensors.items()}
 
 
+def released_key(name: str) -> str:
+    """The checkpoint name of a state-dict key: z-lab's DFlash2 uploads store the
+    selector's codebooks as plain tensors (their loaders add ``.weight`` back)."""
+    return name.removesuffix(".weight") if name.endswith("_codebook.weight") else name
+
+
 def state_dict_numpy(torch_model) -> dict[str, np.ndarray]:
     """The model's state dict as float32 numpy arrays, keyed exactly as the checkpoint."""
     import torch
@@ -364,12 +403,12 @@ def state_dict_numpy(torch_model) -> dict[str, np.ndarray]:
 
 
 def load_torch_drafter(path, dtype=None, strict: bool = True):
-    """Load a drafter directory with z-lab's loader (``DFlashDraftModel.from_pretrained``).
+    """Load a drafter directory with z-lab's loader (``DFlash[2]DraftModel.from_pretrained``).
 
     With ``strict`` any missing, unexpected or mismatched key raises ``ValueError``.
     """
-    zm = _zlab()
-    model, info = zm.DFlashDraftModel.from_pretrained(
+    config = json.loads((Path(path) / "config.json").read_text())
+    model, info = _model_class(config).from_pretrained(
         str(path),
         dtype=_torch_dtype(dtype),
         attn_implementation="sdpa",
@@ -537,3 +576,17 @@ def run_dflash_generate(drafter, target, input_ids, max_new_tokens, stop_token_i
                              stop_token_ids, temperature=0.0, block_size=block_size,
                              return_stats=False)
     return out[0].tolist()
+
+
+def torch_select(torch_model, hidden, logits, anchor: int) -> list[int]:
+    """z-lab's greedy DFlash2 draft path (``candidate_selector.select`` at temperature 0)
+    for block positions 1.. of ``hidden`` (1, B, hidden) and ``logits`` (1, B, vocab),
+    as :func:`torch_draft_logits` and :class:`TorchDraftSession` return them; ``anchor``
+    is block token 0."""
+    import torch
+
+    with torch.inference_mode():
+        path, _, _ = torch_model.candidate_selector.select(
+            torch.from_numpy(np.ascontiguousarray(hidden[:, 1:])),
+            torch.from_numpy(np.ascontiguousarray(logits[:, 1:])), torch.tensor([int(anchor)]), 0.0)
+    return path[0].tolist()
