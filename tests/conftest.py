@@ -22,6 +22,7 @@ SLOW_MODULES = {
     "test_lossless.py",
     "test_sampling.py",
     "test_reference_parity.py",
+    "test_dflash2_parity.py",
     "test_bench.py",
     "test_train.py",
     "test_train_distributed.py",
