@@ -12,6 +12,7 @@ import dflash_mlx  # noqa: F401  (must come before the first `import mlx`)
 import pytest
 
 from dflash_mlx.drafter import DrafterConfig
+from dflash_mlx.drafter2 import Drafter2Config
 
 #: The default target's dimensions (SmolLM2-135M-Instruct) that a drafter must match.
 SMOLLM2 = dict(hidden_size=576, vocab_size=49152, num_target_layers=30)
@@ -30,9 +31,14 @@ SLOW_MODULES = {
 }
 
 
-def smollm2_drafter_config(**overrides) -> DrafterConfig:
+#: DFlash2's extra fields for the test drafters (convolution groups of 64 channels).
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=64, selector_rank=16, selector_top_k=8)
+
+
+def smollm2_drafter_config(dflash2: bool = False, **overrides) -> DrafterConfig:
     """A small one-layer drafter that fits the default target (9 heads of 64, 3 KV heads,
-    MLP 64, feature layers 3 and 27, mask token 4, block size 8); `overrides` change fields."""
+    MLP 64, feature layers 3 and 27, mask token 4, block size 8); `overrides` change fields.
+    `dflash2`: a DFlash2 config (with the `DFLASH2` fields unless overridden)."""
     fields = dict(
         SMOLLM2,
         num_hidden_layers=1,
@@ -45,8 +51,10 @@ def smollm2_drafter_config(**overrides) -> DrafterConfig:
         block_size=8,
         rope_theta=100_000.0,
     )
+    if dflash2:
+        fields.update(DFLASH2)
     fields.update(overrides)
-    return DrafterConfig(**fields)
+    return Drafter2Config(**fields) if dflash2 else DrafterConfig(**fields)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -21,6 +21,7 @@ from dflash_mlx import make_prompt_cache, stream_generate
 from dflash_mlx.adaptive import BlockSizePolicy
 from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.drafter2 import Drafter2
 from dflash_mlx.target import Target
 
 PROMPTS = [
@@ -42,25 +43,41 @@ def drafter_config(**kw) -> DrafterConfig:
                                      "block_size": BLOCK, **kw})
 
 
-class ScriptedDrafter(Drafter):
-    """Proposes the target's true continuation, corrupted by `corrupt(cycle, k)`.
+class Scripted:
+    """A drafter (mixed into either family) that proposes the target's true continuation,
+    corrupted by `corrupt(cycle, k)`.
 
-    It reads the block's position from its context cache, like a real drafter, and
-    returns one-hot logits, so it exercises every acceptance length."""
+    It reads the block's position from its context cache, like a real drafter, runs its
+    real forward, and gives one-hot logits through its head, so it exercises every
+    acceptance length (a DFlash2 drafter's selector then picks among those logits)."""
 
     def __init__(self, truth: list[int], corrupt, block_size: int = BLOCK):
-        super().__init__(drafter_config(block_size=block_size))
+        super().__init__(drafter_config(block_size=block_size, dflash2=isinstance(self, Drafter2)))
         self.truth, self.corrupt, self.cycle = truth, corrupt, 0
 
-    def propose(self, block, cache, target):
-        start = self.position = cache[0].offset  # position of block[0]
-        size = block.shape[1]
+    def __call__(self, block_embeddings, cache):
+        self.position = cache[0].offset  # position of block[0]
+        return super().__call__(block_embeddings, cache)
+
+    def head(self, h, target):
+        start, size = self.position, h.shape[0] + 1
         tokens = []
         for k in range(1, size):
             true = self.truth[start + k] if start + k < len(self.truth) else 0
             tokens.append((true + 1) % 49152 if self.corrupt(self.cycle, k) else true)
         self.cycle += 1
         return mx.where(mx.arange(49152)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
+
+
+class ScriptedDrafter(Scripted, Drafter):
+    pass
+
+
+class ScriptedDrafter2(Scripted, Drafter2):
+    pass
+
+
+FAMILIES = pytest.mark.parametrize("scripted", [ScriptedDrafter, ScriptedDrafter2], ids=["v1", "dflash2"])
 
 
 class ScriptedPolicy(BlockSizePolicy):
@@ -116,6 +133,18 @@ def test_random_drafter_is_lossless(default_model, references, block_size):
         assert sizes[-20:].count(1) >= 15, sizes
 
 
+def test_random_dflash2_drafter_is_lossless(default_model, references):
+    """A random DFlash2 drafter (convolutions and selector at random weights), fixed blocks."""
+    model, tokenizer = default_model
+    mx.random.seed(4)
+    drafter = Drafter2(drafter_config(dflash2=True))
+    mx.eval(drafter.parameters())
+    for text, (prompt, ref) in list(references.items())[:2]:
+        got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, block_size=BLOCK)
+        assert got == ref, text
+        assert min(responses[-1].stats.block_sizes) >= 2
+
+
 # Each cycle picks an error pattern: first position wrong, last wrong, all right, one
 # wrong in the middle, everything wrong.
 PATTERNS = [
@@ -127,12 +156,13 @@ PATTERNS = [
 ]
 
 
-def test_adversarial_drafter_is_lossless(default_model, references):
+@FAMILIES
+def test_adversarial_drafter_is_lossless(default_model, references, scripted):
     model, tokenizer = default_model
     seen = set()
     for i, (text, (prompt, ref)) in enumerate(references.items()):
         truth = prompt + ref
-        drafter = ScriptedDrafter(truth, lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k, BLOCK))
+        drafter = scripted(truth, lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k, BLOCK))
         got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, block_size=BLOCK)
         assert got == ref, text
         seen.update(responses[-1].stats.accepted_lengths)
@@ -142,7 +172,8 @@ def test_adversarial_drafter_is_lossless(default_model, references):
     assert {1, BLOCK // 2, BLOCK - 1, BLOCK} <= seen
 
 
-def test_adversarial_drafter_with_mixed_block_sizes_is_lossless(default_model, references):
+@FAMILIES
+def test_adversarial_drafter_with_mixed_block_sizes_is_lossless(default_model, references, scripted):
     """Plain steps and drafted blocks of every size, in a scripted order, with errors at
     chosen positions: the plain steps' features must reach the drafter's context
     (the scripted drafter reads its position from it)."""
@@ -151,7 +182,7 @@ def test_adversarial_drafter_with_mixed_block_sizes_is_lossless(default_model, r
     seen = set()
     for i, (text, (prompt, ref)) in enumerate(references.items()):
         sizes = [rng.choice([1, 1, 2, 3, 5, BLOCK]) for _ in range(40)]
-        drafter = ScriptedDrafter(prompt + ref, lambda c, k, i=i: PATTERNS[(c + i) % 3](k, BLOCK))
+        drafter = scripted(prompt + ref, lambda c, k, i=i: PATTERNS[(c + i) % 3](k, BLOCK))
         got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, policy=ScriptedPolicy(sizes))
         assert got == ref, text
         stats = responses[-1].stats
