@@ -139,7 +139,7 @@ def test_random_dflash2_drafter_is_lossless(default_model, references):
     mx.random.seed(4)
     drafter = Drafter2(drafter_config(dflash2=True))
     mx.eval(drafter.parameters())
-    for text, (prompt, ref) in list(references.items())[:2]:
+    for text, (prompt, ref) in list(references.items())[:1]:
         got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, block_size=BLOCK)
         assert got == ref, text
         assert min(responses[-1].stats.block_sizes) >= 2

@@ -41,7 +41,10 @@ from dflash_mlx import make_prompt_cache, stream_generate
 from dflash_mlx.adaptive import BlockSizePolicy
 from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
-from dflash_mlx.sampling import filter_logprobs, log_softmax, probabilities, speculative_accept
+from dflash_mlx.drafter2 import Drafter2
+from dflash_mlx.sampling import (Draft, SamplingParams, filter_logprobs, log_softmax, probabilities,
+                                 speculative_accept)
+from dflash_mlx.target import Target
 
 ALPHA = 1e-3  # false-alarm rate of each statistical test
 MIN_EXPECTED = 5.0  # cells expected to hold fewer samples are pooled
@@ -158,17 +161,20 @@ def test_filters_agree_with_mlx_lm(top_p, top_k):
 # speculative_accept on synthetic distributions
 # ---------------------------------------------------------------------------
 
-def _run_accept(target_probs: np.ndarray, draft_probs: np.ndarray, trials: int, seed: int) -> np.ndarray:
-    """`trials` independent blocks: drafts ~ q (row by row), then speculative_accept.
+def _run_accept(target_probs: np.ndarray, draft_probs: np.ndarray, trials: int, seed: int,
+                accept_probs: np.ndarray | None = None) -> np.ndarray:
+    """`trials` independent blocks: drafts ~ q (row by row), then speculative_accept (told
+    `accept_probs` instead of q, if given: a broken drafter that misreports its q).
     Returns (trials, B + 1) int array: the drafts, the accepted count a, the bonus token."""
     mx.random.seed(seed)
     p, q = mx.array(target_probs), mx.array(draft_probs)
+    told = q if accept_probs is None else mx.array(accept_probs)
     drafts = mx.random.categorical(mx.log(q), shape=(trials, q.shape[0]))
     rows = []
     for start in range(0, trials, 500):  # evaluate in chunks: small graphs
         chunk = []
         for i in range(start, min(trials, start + 500)):
-            a, bonus = speculative_accept(drafts[i], q, p)
+            a, bonus = speculative_accept(drafts[i], told, p)
             chunk.append(mx.concatenate([drafts[i], a[None], bonus[None]]))
         rows.append(np.array(mx.stack(chunk)))
     return np.concatenate(rows)
@@ -262,6 +268,39 @@ def test_speculative_accept_with_filtered_distributions(temp, top_p, top_k):
     _check_block(ref, q, 3000, seed=6, label=f"filtered T={temp} top_p={top_p} top_k={top_k}")
 
 
+def _selector_q(rng, vocab: int, rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A DFlash2-like draft over a tiny vocabulary: each row's top-k tokens of random
+    logits, rescored by a random interaction term. Returns (q over the k candidates,
+    the candidates' ids, q over the whole vocabulary as v1 would define it)."""
+    logits = 1.5 * rng.standard_normal((rows, vocab)).astype(np.float32)
+    candidates = np.argsort(-logits, axis=-1)[:, :k]
+    scores = np.take_along_axis(logits, candidates, axis=-1) + 2.0 * rng.standard_normal((rows, k))
+    q_k = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    full = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    return q_k.astype(np.float32), candidates.astype(np.int32), full.astype(np.float32)
+
+
+def test_speculative_accept_with_q_over_candidates():
+    """DFlash2: drafts drawn from q over each position's k candidates. `Draft.dense_probs`
+    puts q on those ids (zero elsewhere), and rejection sampling with it is exact, also
+    for a top-p / top-k filtered p; q misreported as the full-vocabulary softmax (v1's q)
+    is caught by the same test."""
+    rng = np.random.default_rng(21)
+    q_k, candidates, full = _selector_q(rng, vocab=12, rows=3, k=4)
+    q = np.array(Draft(mx.array(candidates[:, 0]), mx.array(q_k), mx.array(candidates)).dense_probs(12))
+    assert (q[np.arange(3)[:, None], candidates] == q_k).all() and np.isclose(q.sum(-1), 1).all()
+    assert ((q > 0).sum(-1) == 4).all()
+    target_logits = mx.array((1.5 * rng.standard_normal((4, 12))).astype(np.float32))
+    for top_p, top_k in ((1.0, 0), (0.9, 6)):
+        p = np.array(probabilities(target_logits, 1.0, top_p, top_k))
+        _check_block(p, q, 3000, seed=22, label=f"q over candidates, top_p={top_p} top_k={top_k}")
+    p = np.array(probabilities(target_logits, 1.0))
+    out = _run_accept(p, q, 3000, seed=23, accept_probs=full)
+    tokens, _ = _committed(out, 0)
+    stat, df, p_value = chi_square_gof(list(tokens), _dist(p[0]))
+    assert p_value < ALPHA, f"full-vocabulary q went unnoticed: chi-square {stat:.1f} on {df} dof"
+
+
 # ---------------------------------------------------------------------------
 # End to end on the real default target
 # ---------------------------------------------------------------------------
@@ -273,8 +312,8 @@ RANDOM_SAMPLES = 120
 ORACLE_SAMPLES = 160
 
 
-def _drafter_config(block_size: int) -> DrafterConfig:
-    return smollm2_drafter_config(intermediate_size=256, target_layer_ids=[29], block_size=block_size)
+def _drafter_config(block_size: int, dflash2: bool = False) -> DrafterConfig:
+    return smollm2_drafter_config(dflash2, intermediate_size=256, target_layer_ids=[29], block_size=block_size)
 
 
 class OracleDrafter(Drafter):
@@ -284,7 +323,7 @@ class OracleDrafter(Drafter):
     first cycle after the prompt, which is all a two-token generation uses."""
 
     def __init__(self, model, prompt: list[int], alpha: float, block_size: int):
-        super().__init__(_drafter_config(block_size))
+        super().__init__(_drafter_config(block_size, dflash2=isinstance(self, Drafter2)))
         self.model, self.prompt, self.alpha = model, prompt, alpha
         self.target_cache = make_target_cache(model)
         model.model(mx.array(prompt)[None], self.target_cache)
@@ -483,3 +522,99 @@ def test_first_two_tokens_adaptive_block_sizes(sampling_setup, kind):
     assert_fits(_wrap_rest(pairs, cells), cells, f"{kind} drafter, adaptive")
     if kind == "oracle":
         assert 0.2 * n < sum(from_draft) < 0.6 * n  # both kinds of first cycle happened
+
+
+# ---------------------------------------------------------------------------
+# DFlash2: q over the selector's candidates
+# ---------------------------------------------------------------------------
+
+DFLASH2_SAMPLES = 80
+
+
+class OracleDrafter2(OracleDrafter, Drafter2):
+    """The oracle's hidden states (draft logits = the target's, alpha = 1) under a DFlash2
+    selector whose interaction term is strong (about 4 nats): its q over the 8 candidates
+    is far from the target's distribution, so acceptance has real work to do."""
+
+    def __init__(self, model, prompt: list[int]):
+        super().__init__(model, prompt, 1.0, block_size=2)
+        selector, rank = self.candidate_selector, self.config.selector_rank
+        key = mx.random.key(17)
+        k1, k2, k3 = mx.random.split(key, 3)
+        selector.predecessor_codebook = mx.random.normal(selector.predecessor_codebook.shape, key=k1)
+        selector.successor_codebook = mx.random.normal(selector.successor_codebook.shape, key=k2)
+        # the target's final hidden state has RMS ~2 here: queries of about 1 per rank
+        weight = mx.random.normal(selector.hidden_projection.weight.shape, key=k3) * (1.0 / 2 / 576**0.5)
+        selector.hidden_projection.weight = weight
+        self.offers = []  # (q over the candidates, candidates) of each draft
+        self.logits: dict[bytes, mx.array] = {}
+
+    def head(self, h, target):
+        """The target's head on the oracle's (memoised) hidden state, memoised too."""
+        key = np.array(h).tobytes()
+        if key not in self.logits:
+            self.logits[key] = super().head(h, target)
+        return self.logits[key]
+
+    def draft(self, block, cache, target, sampling):
+        d = super().draft(block, cache, target, sampling)
+        self.offers.append((d.probs, d.indices))
+        return d
+
+
+class FullVocabularyQ(OracleDrafter2):
+    """Broken on purpose: drafts along the selector's path but reports v1's q, the
+    full-vocabulary softmax of its logits, instead of q over the candidates."""
+
+    def draft(self, block, cache, target, sampling):
+        d = super().draft(block, cache, target, sampling)
+        return Draft(d.tokens, sampling.probs(self.propose(block, cache, target)))
+
+
+def test_first_two_tokens_dflash2_drafter(sampling_setup):
+    """A DFlash2 drafter at T=1 through stream_generate: (t1, t2) follows plain sampling's
+    joint law, and its drafts are accepted at rate sum(min(p, q)) over the candidates."""
+    model, _, prompt, _, _ = sampling_setup
+    drafter = OracleDrafter2(model, prompt)
+    n = DFLASH2_SAMPLES
+    pairs, from_draft = _sample_pairs(sampling_setup, drafter, n, seed=14, temp=1.0)
+    plain = PlainDistribution(sampling_setup, temp=1.0)
+    cells = plain.joint_cells(n)
+    assert_fits(_wrap_rest(pairs, cells), cells, "DFlash2 drafter, T=1")
+    rates = []
+    for (t1, _), (q, ids) in zip(pairs, drafter.offers):
+        p = plain.second(t1)[np.array(ids[0])]
+        rates.append(float(np.minimum(p, np.array(q[0])).sum()))
+    rates = np.array(rates)
+    z = (sum(from_draft) - rates.sum()) / math.sqrt((rates * (1 - rates)).sum())
+    assert abs(z) < 3.29, f"acceptance count {sum(from_draft)} vs expected {rates.sum():.1f}: z = {z:.2f}"
+    assert 0.1 * n < sum(from_draft) < 0.9 * n  # both paths were exercised
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["q over candidates", "full-vocabulary q"])
+def test_dflash2_cycle_commits_the_target_distribution(sampling_setup, broken):
+    """One drafted cycle of 2 after [prompt, t1], many times, through the loop's own
+    steps (`Drafter2.draft`, `SamplingParams.accept`) on the real target's logits: the
+    committed t2 ~ p(t2 | t1) exactly. The broken variant (full-vocabulary q) is caught."""
+    model, _, prompt, cache, first_logits = sampling_setup
+    t1 = int(mx.argmax(first_logits))
+    drafter = (FullVocabularyQ if broken else OracleDrafter2)(model, prompt)
+    target = Target(model, drafter.config.target_layer_ids)
+    draft_cache = drafter.make_cache()
+    drafter.append_context(target.forward(mx.array(prompt)[None], make_target_cache(model))[1], draft_cache)
+    block, sampling = mx.array([[t1, drafter.config.mask_token_id]]), SamplingParams(temp=1.0)
+    # Row 0 of the verify, p(t2 | t1), does not depend on the draft: compute it once.
+    logits = mx.broadcast_to(PlainDistribution(sampling_setup, temp=1.0).logits_after(t1), (2, 49152))
+    mx.random.seed(15)
+    committed = []
+    for _ in range(1000):
+        draft = drafter.draft(block, draft_cache, target, sampling)
+        a, bonus = sampling.accept(draft, logits)
+        committed.append(mx.where(a > 0, draft.tokens[0], bonus))
+    t2 = np.array(mx.stack(committed)).tolist()
+    p = np.array(sampling.probs(logits[0]))
+    stat, df, p_value = chi_square_gof(t2, _dist(p))
+    if broken:
+        assert p_value < ALPHA, f"full-vocabulary q went unnoticed: chi-square {stat:.1f} on {df} dof"
+    else:
+        assert p_value > ALPHA, f"DFlash2 cycle: chi-square {stat:.1f} on {df} dof, p-value {p_value:.2e}"
