@@ -4,9 +4,10 @@ validate them against their config before anything is converted.
 A :class:`Checkpoint` lists every tensor's name, shape and dtype first (for safetensors
 from the file headers alone, without reading the data), so that a bad checkpoint is
 rejected before any work; :meth:`Checkpoint.load` then returns MLX arrays.
-The expected tensors come from the MLX :class:`~dflash_mlx.drafter.Drafter` itself
-(its parameter tree, built lazily, so nothing is allocated): whatever the drafter
-needs is what a checkpoint must hold.
+The expected tensors come from the MLX drafter itself (v1 or DFlash2, as the config
+says; its parameter tree, built lazily, so nothing is allocated): whatever the drafter
+needs is what a checkpoint must hold, under its names or the aliases it accepts
+(:meth:`Checkpoint.use_names`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.drafter import DrafterConfig
 
 __all__ = [
     "DROPPED_KEYS",
@@ -89,7 +90,7 @@ def expected_tensors(
     """name -> (shape, is_float) of every parameter the MLX drafter holds. The drafter is
     built lazily (its random init is never evaluated), so this costs nothing."""
     try:
-        drafter = Drafter(cfg)
+        drafter = cfg.make_drafter()
     except (ValueError, KeyError, TypeError) as e:  # e.g. an unknown rope_scaling type
         raise ValueError(f"config.json: cannot build a drafter ({e})") from None
     if quantization:
@@ -238,8 +239,19 @@ class Checkpoint:
     directory: Path
     kind: str  # "safetensors" | "sharded safetensors" | "PyTorch state dict"
     files: list[Path]
-    tensors: dict[str, TensorInfo]
+    tensors: dict[str, TensorInfo]  # by the drafter's names once `use_names` ran
     _torch_state: dict = field(default_factory=dict, repr=False)
+    _stored: dict[str, str] = field(default_factory=dict, repr=False)  # drafter's name -> name in the files
+
+    def use_names(self, aliases: dict[str, str]) -> None:
+        """Call tensors stored under an alias (name in the files -> the drafter's name) by
+        the drafter's name, e.g. a torch state dict's `candidate_selector.*_codebook.weight`."""
+        for stored, name in aliases.items():
+            if stored in self.tensors:
+                if name in self.tensors:
+                    raise ValueError(f"checkpoint holds both {stored} and {name}")
+                self.tensors[name] = self.tensors.pop(stored)
+                self._stored[name] = stored
 
     def dtype(self) -> Optional[str]:
         """The most common floating dtype among the tensors (None if none)."""
@@ -250,9 +262,10 @@ class Checkpoint:
         """The named tensors (default: all) as MLX arrays, in their stored dtype."""
         wanted = set(self.tensors if names is None else names)
         out: dict[str, mx.array] = {}
+        stored = {k: self._stored.get(k, k) for k in wanted}
         if self.kind == PYTORCH:
             for k in wanted:
-                out[k] = _torch_to_mx(self._torch_state[k])
+                out[k] = _torch_to_mx(self._torch_state[stored[k]])
             return out
         for f in self.files:
             keys = [k for k, t in self.tensors.items() if t.file == f and k in wanted]
@@ -263,7 +276,7 @@ class Checkpoint:
             except Exception as e:
                 text = str(e).strip().splitlines()
                 raise ValueError(f"cannot read {f.name} ({text[0] if text else type(e).__name__})") from None
-            out.update({k: arrays[k] for k in keys})
+            out.update({k: arrays[stored[k]] for k in keys})
         return out
 
 

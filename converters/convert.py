@@ -17,8 +17,9 @@ replaced with --force.
 `mlx_lm.convert` (same atomic output handling).
 
 export: an MLX drafter directory -> z-lab's layout (config.json with
-``architectures: ["DFlashDraftModel"]``, bfloat16 ``model.safetensors``, same keys),
-which SGLang, vLLM and z-lab's PyTorch ``DFlashDraftModel.from_pretrained`` load.
+``architectures: ["DFlashDraftModel"]`` or ``["DFlash2DraftModel"]``, bfloat16
+``model.safetensors``, same keys), which SGLang, vLLM and z-lab's PyTorch
+``DFlash[2]DraftModel.from_pretrained`` load.
 Quantized drafters are dequantized first.
 """
 
@@ -153,6 +154,7 @@ def _open_source(
     check_output(out, options.force, [src.path])
     cfg, raw = parse_config(read_config(src.path), target_layer_ids, require_layer_ids=require_layer_ids)
     ckpt = open_checkpoint(src.path)
+    ckpt.use_names(cfg.make_drafter().key_aliases)
     dropped = validate_tensors(ckpt.tensors, cfg, raw.get("quantization"))
     return _Source(src, cfg, raw, ckpt, dropped)
 
@@ -188,7 +190,7 @@ def _mlx_arrays(source: _Source, dtype: str, quant: Optional[dict]) -> dict:
     """The drafter's parameters in `dtype` (floating tensors only), quantized as `quant` asks."""
     mx_dtype = getattr(mx, dtype)
     weights = {k: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in source.weights().items()}
-    drafter = Drafter(source.cfg)
+    drafter = source.cfg.make_drafter()
     if source.quantization:
         nn.quantize(drafter, group_size=source.quantization["group_size"], bits=source.quantization["bits"])
     drafter.load_weights(list(weights.items()), strict=True)

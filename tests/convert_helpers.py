@@ -37,9 +37,20 @@ def drafter_config(num_layers: int = 2, hidden: int = HIDDEN, ids=IDS, **extra) 
         mask_token_id=MASK, rope_theta=100000.0, **extra)
 
 
+#: DFlash2 fields of the test drafters (groups of 64 channels, selector rank 16, top 8).
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=64, selector_rank=16, selector_top_k=8)
+
+
+def drafter2_config(num_layers: int = 2, **extra) -> dict:
+    """:func:`drafter_config` as a DFlash2 drafter (``DFlash2DraftModel``)."""
+    sub = {**DFLASH2, **extra.pop("dflash_config", {})}
+    return drafter_config(num_layers, architectures=["DFlash2DraftModel"], dflash_config=sub, **extra)
+
+
 def zlab_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of a z-lab v1 drafter checkpoint, written out from the
-    layout (not from our drafter), so tests check the converter against it."""
+    """Tensor names and shapes of a z-lab drafter checkpoint (v1, or DFlash2 in its
+    released layout), written out from the layout (not from our drafter), so tests check
+    the converter against it."""
     h, hd = config["hidden_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
     inter = config["intermediate_size"]
@@ -55,6 +66,16 @@ def zlab_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             p + "mlp.down_proj.weight": (h, inter),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         })
+    d2 = config.get("dflash_config") or {}
+    if "DFlash2DraftModel" in config.get("architectures", []):
+        k, groups, rank = d2["conv_kernel_size"], h // d2["conv_group_size"], d2["selector_rank"]
+        for i in range(config["num_hidden_layers"]):
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"layers.{i}.{conv}.base_kernel"] = (2, k, h)
+                shapes[f"layers.{i}.{conv}.kernel_projection.weight"] = (2 * k * groups, h)
+        for book in ("predecessor_codebook", "successor_codebook"):
+            shapes[f"candidate_selector.{book}"] = (config["vocab_size"], rank)
+        shapes["candidate_selector.hidden_projection.weight"] = (rank, h)
     return shapes
 
 

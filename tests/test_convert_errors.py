@@ -123,7 +123,7 @@ def test_config_fields(tmp_path, src, out, config):
     for change, needle in [({"num_target_layers": 20}, "target_layer_ids [27] out of range"),
                            ({"dflash_config": {"mask_token_id": 10**6, "target_layer_ids": IDS}},
                             "mask_token_id"),
-                           ({"architectures": ["DFlash2DraftModel"]}, "DFlash v2"),
+                           ({"architectures": ["DFlash2DraftModel"]}, "lacks dflash_config.conv_kernel_size"),
                            ({"dflash_config": {**config["dflash_config"], "output_multiplier": 2.0}},
                             "output_multiplier")]:
         (src / "config.json").write_text(json.dumps({**config, **change}))
