@@ -133,7 +133,9 @@ def _check_dflash2(cfg: Drafter2Config) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"config.json {name} must be a positive integer, got {value!r}")
     if cfg.hidden_size % cfg.conv_group_size:
-        raise ValueError(f"config.json conv_group_size {cfg.conv_group_size} does not divide hidden_size {cfg.hidden_size}")
+        raise ValueError(
+            f"config.json conv_group_size {cfg.conv_group_size} does not divide hidden_size {cfg.hidden_size}"
+        )
     if cfg.selector_top_k > cfg.vocab_size:
         raise ValueError(f"config.json selector_top_k {cfg.selector_top_k} exceeds vocab_size {cfg.vocab_size}")
 

@@ -111,8 +111,9 @@ class DecoderLayer2(DecoderLayer):
         self.attention_conv = DynamicCausalConv(*args)
         self.mlp_conv = DynamicCausalConv(*args)
 
-    def __call__(self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array,
-                 mask: Optional[mx.array]) -> mx.array:
+    def __call__(
+        self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
+    ) -> mx.array:
         h, kernel = self.attention_conv.before(self.input_layernorm(x))
         x = x + self.attention_conv.after(self.self_attn(h, context, offset, mask), kernel)
         h, kernel = self.mlp_conv.before(self.post_attention_layernorm(x))
@@ -130,8 +131,9 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = scale * mx.random.normal((cfg.vocab_size, cfg.selector_rank))
         self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
 
-    def select(self, hidden: mx.array, logits: mx.array, anchor: mx.array, temp: float
-               ) -> tuple[mx.array, Optional[mx.array], mx.array]:
+    def select(
+        self, hidden: mx.array, logits: mx.array, anchor: mx.array, temp: float
+    ) -> tuple[mx.array, Optional[mx.array], mx.array]:
         """hidden (n, hidden) and logits (n, vocab) of block positions 1..n; anchor: block
         token 0. Returns the path (n,), q (n, k) over the candidates (None when greedy:
         the best-scoring path, one position at a time) and the candidates (n, k)."""
@@ -157,8 +159,10 @@ class Drafter2(Drafter):
     """A DFlash2 drafter: v1's context handling and call, DFlash2 layers, and the selector."""
 
     layer_class = DecoderLayer2
-    key_aliases = {f"candidate_selector.{n}.weight": f"candidate_selector.{n}"
-                   for n in ("predecessor_codebook", "successor_codebook")}
+    key_aliases = {
+        f"candidate_selector.{n}.weight": f"candidate_selector.{n}"
+        for n in ("predecessor_codebook", "successor_codebook")
+    }
 
     def __init__(self, config: Drafter2Config):
         super().__init__(config)

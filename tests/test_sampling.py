@@ -538,9 +538,8 @@ class OracleDrafter2(OracleDrafter, Drafter2):
 
     def __init__(self, model, prompt: list[int]):
         super().__init__(model, prompt, 1.0, block_size=2)
-        selector, rank = self.candidate_selector, self.config.selector_rank
-        key = mx.random.key(17)
-        k1, k2, k3 = mx.random.split(key, 3)
+        selector = self.candidate_selector
+        k1, k2, k3 = mx.random.split(mx.random.key(17), 3)
         selector.predecessor_codebook = mx.random.normal(selector.predecessor_codebook.shape, key=k1)
         selector.successor_codebook = mx.random.normal(selector.successor_codebook.shape, key=k2)
         # the target's final hidden state has RMS ~2 here: queries of about 1 per rank
