@@ -294,7 +294,7 @@ def export_drafter(
     log: Log = _stderr,
 ) -> Path:
     """Write an MLX drafter (directory or Hub repo) in z-lab's layout: config.json with
-    ``architectures: ["DFlashDraftModel"]`` and ``model.safetensors`` in `dtype` with the
+    ``architectures: ["DFlashDraftModel"]`` (or DFlash2's) and ``model.safetensors`` in `dtype` with the
     same keys. Quantized weights are dequantized."""
     out = Path(output_dir).expanduser()
     options = ConvertOptions(revision=revision, dtype=dtype, force=force)

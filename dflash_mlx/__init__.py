@@ -6,6 +6,7 @@ _preload_blas()  # must run before the first `import mlx`
 
 from .adaptive import BlockSizePolicy  # noqa: E402
 from .drafter import Drafter, DrafterConfig  # noqa: E402
+from .drafter2 import Drafter2, Drafter2Config  # noqa: E402
 from .loading import load, load_draft  # noqa: E402
 from .speculative import (  # noqa: E402
     GenerationResponse,
@@ -20,7 +21,7 @@ from .speculative import (  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 
 __all__ = [
-    "BlockSizePolicy", "Drafter", "DrafterConfig", "GenerationResponse", "GenerationStats", "PromptCache",
+    "BlockSizePolicy", "Drafter", "Drafter2", "Drafter2Config", "DrafterConfig", "GenerationResponse", "GenerationStats", "PromptCache",
     "SamplingParams", "generate", "generate_step", "histogram", "load", "load_draft", "make_prompt_cache",
     "stream_generate",
 ]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence
 
-from .drafter import DrafterConfig, config_from_dict, is_dflash2
-from .drafter2 import DFLASH2_FIELDS, Drafter2Config
+from .drafter import DrafterConfig
+from .drafter2 import DFLASH2_FIELDS, Drafter2Config, config_from_dict, is_dflash2
 
 __all__ = ["check_config", "parse_config", "parse_layer_ids"]
 

@@ -35,26 +35,6 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(1 + i * step)) for i in range(num_draft_layers)]
 
 
-def is_dflash2(config: dict) -> bool:
-    """Whether a config.json dict describes a DFlash2 drafter (`drafter2.py`): it names
-    DFlash2DraftModel, or names no architecture and sets a DFlash2 field."""
-    arch = config.get("architectures")
-    if arch:
-        return "DFlash2DraftModel" in arch
-    sub = config.get("dflash_config") or {}
-    return any(k in sub or k in config for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
-                                                 "selector_top_k"))
-
-
-def config_from_dict(config: dict) -> "DrafterConfig":
-    """The config of the drafter family a config.json dict describes (v1 or DFlash2)."""
-    if is_dflash2(config):
-        from .drafter2 import Drafter2Config  # drafter2 builds on this module
-
-        return Drafter2Config.from_dict(config)
-    return DrafterConfig.from_dict(config)
-
-
 @dataclass
 class DrafterConfig:
     """Everything a drafter needs, read from z-lab's config.json (any of its variants)."""
@@ -377,7 +357,12 @@ def read_config(path: Path) -> dict:
 def build_drafter(config: dict | DrafterConfig, weights: dict[str, mx.array] | None = None) -> Drafter:
     """Build a drafter from a config and (optionally) a z-lab-layout weight dict.
     Checkpoint copies of the target's embed_tokens / lm_head are dropped."""
-    cfg = config if isinstance(config, DrafterConfig) else config_from_dict(config)
+    if isinstance(config, DrafterConfig):
+        cfg = config
+    else:
+        from .drafter2 import config_from_dict  # v1 or DFlash2; drafter2 builds on this module
+
+        cfg = config_from_dict(config)
     drafter = cfg.make_drafter()
     raw = config.extra if isinstance(config, DrafterConfig) else config
     quant = raw.get("quantization")

@@ -590,14 +590,21 @@ def test_first_two_tokens_dflash2_drafter(sampling_setup):
     assert 0.1 * n < sum(from_draft) < 0.9 * n  # both paths were exercised
 
 
-@pytest.mark.parametrize("broken", [False, True], ids=["q over candidates", "full-vocabulary q"])
-def test_dflash2_cycle_commits_the_target_distribution(sampling_setup, broken):
+@pytest.mark.parametrize("variant", ["q over candidates", "full-vocabulary q", "5-token draft vocabulary"])
+def test_dflash2_cycle_commits_the_target_distribution(sampling_setup, variant):
     """One drafted cycle of 2 after [prompt, t1], many times, through the loop's own
     steps (`Drafter2.draft`, `SamplingParams.accept`) on the real target's logits: the
-    committed t2 ~ p(t2 | t1) exactly. The broken variant (full-vocabulary q) is caught."""
+    committed t2 ~ p(t2 | t1) exactly, also with a draft vocabulary smaller than the
+    selector's k (candidates at -inf get q = 0). The broken variant (full-vocabulary q)
+    is caught."""
     model, _, prompt, cache, first_logits = sampling_setup
     t1 = int(mx.argmax(first_logits))
+    broken = variant == "full-vocabulary q"
     drafter = (FullVocabularyQ if broken else OracleDrafter2)(model, prompt)
+    p = np.array(PlainDistribution(sampling_setup, temp=1.0).second(t1))
+    subset = np.union1d(np.argsort(-p)[:4], [2]).astype(np.int32)  # the 4 likeliest and EOS
+    if variant == "5-token draft vocabulary":
+        drafter.use_draft_vocab(mx.array(subset))
     target = Target(model, drafter.config.target_layer_ids)
     draft_cache = drafter.make_cache()
     drafter.append_context(target.forward(mx.array(prompt)[None], make_target_cache(model))[1], draft_cache)
@@ -611,8 +618,10 @@ def test_dflash2_cycle_commits_the_target_distribution(sampling_setup, broken):
         a, bonus = sampling.accept(draft, logits)
         committed.append(mx.where(a > 0, draft.tokens[0], bonus))
     t2 = np.array(mx.stack(committed)).tolist()
-    p = np.array(sampling.probs(logits[0]))
     stat, df, p_value = chi_square_gof(t2, _dist(p))
+    if variant == "5-token draft vocabulary":
+        offered = np.array(mx.stack([d for d, _ in drafter.offers if d is not None]))
+        assert not np.isnan(offered).any() and ((offered > 0).sum(-1) <= len(subset)).all()
     if broken:
         assert p_value < ALPHA, f"full-vocabulary q went unnoticed: chi-square {stat:.1f} on {df} dof"
     else:
