@@ -21,7 +21,7 @@ from .speculative import (  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 
 __all__ = [
-    "BlockSizePolicy", "Drafter", "Drafter2", "Drafter2Config", "DrafterConfig", "GenerationResponse", "GenerationStats", "PromptCache",
-    "SamplingParams", "generate", "generate_step", "histogram", "load", "load_draft", "make_prompt_cache",
-    "stream_generate",
+    "BlockSizePolicy", "Drafter", "Drafter2", "Drafter2Config", "DrafterConfig", "GenerationResponse",
+    "GenerationStats", "PromptCache", "SamplingParams", "generate", "generate_step", "histogram", "load",
+    "load_draft", "make_prompt_cache", "stream_generate",
 ]
