@@ -306,9 +306,13 @@ class Drafter(nn.Module):
         return sampling.draft(self.propose(block, cache, target))
 
     def propose(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
-        """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B),
-        through the target's embedding and lm_head."""
-        return self.head(self(target.embed(block), cache)[0, 1:], target)
+        """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B)."""
+        return self.head(self.hidden(block, cache, target), target)
+
+    def hidden(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
+        """Normed hidden states (B-1, hidden) of block positions 1..B-1 of `block` (1, B),
+        fed the target's embedding of it."""
+        return self(target.embed(block), cache)[0, 1:]
 
     def head(self, h: mx.array, target: "Target") -> mx.array:
         """Logits (n, vocab) of normed hidden states h (n, hidden), by the target's lm_head.

@@ -185,6 +185,6 @@ class Drafter2(Drafter):
     def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", sampling: SamplingParams) -> Draft:
         """Draft positions 1..B-1 of `block` (1, B) along the selector's path; q is over
         each position's candidates (z-lab's: temperature only, no top-p / top-k)."""
-        h = self(target.embed(block), cache)[0, 1:]
+        h = self.hidden(block, cache, target)
         tokens, probs, candidates = self.candidate_selector.select(h, self.head(h, target), block[0, 0], sampling.temp)
         return Draft(tokens, probs, None if probs is None else candidates)
