@@ -6,11 +6,12 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from .adaptive import BlockSizePolicy
 from .drafter import Drafter
+from .rollback import rewind
 
 
 class PromptCache:
@@ -22,9 +23,8 @@ class PromptCache:
     about the drafter carries over from turn to turn."""
 
     def __init__(self, model: nn.Module, draft_model: Optional[Drafter] = None):
+        self.model = model
         self.target = make_target_cache(model)
-        if not can_trim_prompt_cache(self.target):
-            raise ValueError("this model's cache cannot be trimmed, which speculative decoding needs")
         self.tokens: list[int] = []  # what the target cache holds
         self.drafter: Optional[Drafter] = None
         self.draft: Optional[list] = None
@@ -51,7 +51,8 @@ class PromptCache:
 
     def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
         """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
-        token to prefill) and return its length."""
+        token to prefill) and return its length. A target cache that cannot forget
+        tokens (a recurrent state, a wrapped window) starts over from an empty one."""
         keep = 0
         for a, b in zip(self.tokens, prompt[:-1]):
             if a != b:
@@ -59,7 +60,8 @@ class PromptCache:
             keep += 1
         if with_drafter:
             keep = min(keep, self.draft_length)
-        trim_prompt_cache(self.target, len(self.tokens) - keep)
+        if not rewind(self.target, len(self.tokens) - keep):
+            self.target, keep = make_target_cache(self.model), 0
         self.tokens = self.tokens[:keep]
         if self.draft_length > keep:
             self.flush()

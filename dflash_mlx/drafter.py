@@ -57,6 +57,10 @@ class DrafterConfig:
     layer_types: Optional[list[str]] = None
     sliding_window: Optional[int] = None
     is_causal: Optional[bool] = None
+    # dflash_config fields of gemma-4 drafters (z-lab's reference applies them as here):
+    input_embedding_scale: float = 1.0  # the block's raw target embeddings are multiplied by it
+    output_multiplier: float = 1.0  # the drafter's logits are multiplied by it ...
+    final_logit_softcapping: Optional[float] = None  # ... then tanh-capped at +-this (None, 0: off)
     extra: dict = field(default_factory=dict, repr=False)  # unknown keys, kept for export
 
     def __post_init__(self):
@@ -111,6 +115,9 @@ class DrafterConfig:
             layer_types=c.get("layer_types"),
             sliding_window=c.get("sliding_window"),
             is_causal=c.get("is_causal"),
+            input_embedding_scale=float(dflash.get("input_embedding_scale", c.get("input_embedding_scale", 1.0))),
+            output_multiplier=float(dflash.get("output_multiplier", c.get("output_multiplier", 1.0))),
+            final_logit_softcapping=dflash.get("final_logit_softcapping", c.get("final_logit_softcapping")),
             extra={k: v for k, v in config.items() if k not in known},
         )
 
@@ -139,6 +146,10 @@ class DrafterConfig:
             dflash_config={"mask_token_id": self.mask_token_id,
                            "target_layer_ids": list(self.target_layer_ids)},
         )
+        for name, off in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                          ("final_logit_softcapping", None)):
+            if getattr(self, name) != off:
+                out["dflash_config"][name] = getattr(self, name)
         if any(t != "full_attention" for t in self.layer_types):
             out.update(layer_types=self.layer_types, sliding_window=self.sliding_window)
         if self.is_causal is not None:
@@ -284,17 +295,30 @@ class Drafter(nn.Module):
 
     def propose(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
         """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B): the
-        hook the decoding loop calls, through the target's embedding and lm_head. With a
-        draft vocabulary only its rows of the head are computed; other tokens get -inf."""
-        h = self(target.embed(block), cache)[0, 1:]
+        hook the decoding loop calls, through the target's embedding and output layer. With
+        a draft vocabulary only its rows of the head are computed; other tokens get -inf."""
+        cfg = self.config
+        embeddings = target.embed(block)
+        if cfg.input_embedding_scale != 1.0:
+            embeddings = embeddings * cfg.input_embedding_scale
+        h = self(embeddings, cache)[0, 1:]
         if self._draft_vocab is None:
-            return target.lm_head(h)
+            return self._scale_logits(target.head(h))
         if self._head_rows is None or self._head_rows[0] != id(target.model):
             rows = target.head_rows(self._draft_vocab)  # sliced once per target
             mx.eval(rows)
             self._head_rows = (id(target.model), rows)
         logits = mx.full((h.shape[0], target.vocab_size), -mx.inf, dtype=h.dtype)
-        logits[:, self._draft_vocab] = h @ self._head_rows[1].T
+        logits[:, self._draft_vocab] = self._scale_logits(h @ self._head_rows[1].T)
+        return logits
+
+    def _scale_logits(self, logits: mx.array) -> mx.array:
+        """`output_multiplier`, then the tanh soft cap, as z-lab's reference applies them."""
+        cfg = self.config
+        if cfg.output_multiplier != 1.0:
+            logits = logits * cfg.output_multiplier
+        if cfg.final_logit_softcapping:
+            logits = mx.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return logits
 
     def __call__(self, block_embeddings: mx.array, cache: Sequence[KVCache]) -> mx.array:
