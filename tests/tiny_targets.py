@@ -37,8 +37,9 @@ ARGS = {
                     layer_types=["sliding_attention", "full_attention"] * 2),
     "gemma4_text": dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                         global_head_dim=32, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB,
-                        num_hidden_layers=5, intermediate_size=64, num_kv_shared_layers=2,
-                        hidden_size_per_layer_input=8, sliding_window=WINDOW, sliding_window_pattern=3,
+                        num_hidden_layers=6, intermediate_size=64, num_kv_shared_layers=3,
+                        hidden_size_per_layer_input=8, sliding_window=WINDOW,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
                         final_logit_softcapping=5.0, tie_word_embeddings=True),
 }
 ARGS["gemma4"] = dict(vocab_size=VOCAB, text_config=dict(ARGS["gemma4_text"], model_type="gemma4_text"))
@@ -58,3 +59,33 @@ def tiny_target(family: str, seed: int = 0, scale: float = 1.0):
         model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
     mx.eval(model.parameters())
     return model
+
+
+def save_tiny_target(family: str, path, tokenizer_dir, vocab_size: int, seed: int = 0, scale: float = 2.0):
+    """A tiny random `family` model saved as an mlx-lm model directory (config.json,
+    model.safetensors and the tokenizer files of `tokenizer_dir`), for `mlx_lm.load`,
+    `dflash generate --model` and the rest. Returns the path."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from mlx.utils import tree_flatten
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    args = json.loads(json.dumps(ARGS[family]))
+    for config in (args, args.get("text_config")):
+        if config is not None and "vocab_size" in config:
+            config["vocab_size"] = vocab_size
+            config.pop("vocab_size_per_layer_input", None)
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(dict(args, model_type=family)))
+    from mlx.utils import tree_map
+
+    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(dict(args, model_type=family), indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer_dir) / name, path / name)
+    return path
