@@ -67,6 +67,10 @@ def parse_config(
             "config.json has no target_layer_ids (dflash_config.target_layer_ids): "
             "pass --target-layer-ids with the target layers the drafter was trained on"
         )
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json hidden_act {raw['hidden_act']!r} is not supported (silu only)")
+    if raw.get("mlp_bias"):
+        raise ValueError("config.json mlp_bias = true is not supported (the drafter's MLP has no bias)")
     for name, zero_ok in _SCALE_FIELDS.items():
         value = _dflash_value(raw, name)
         number = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -34,6 +34,15 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(1 + i * step)) for i in range(num_draft_layers)]
 
 
+def _layer_types(c: dict) -> Optional[list[str]]:
+    """`layer_types`, or, without them, what transformers' Qwen3Config derives: sliding
+    layers from `max_window_layers` on when `use_sliding_window` is set."""
+    if c.get("layer_types") is not None or not c.get("use_sliding_window"):
+        return c.get("layer_types")
+    first = c.get("max_window_layers", 28)
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(c["num_hidden_layers"])]
+
+
 @dataclass
 class DrafterConfig:
     """Everything a drafter needs, read from z-lab's config.json (any of its variants)."""
@@ -112,7 +121,7 @@ class DrafterConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=c.get("max_position_embeddings", 40960),
             attention_bias=c.get("attention_bias", False),
-            layer_types=c.get("layer_types"),
+            layer_types=_layer_types(c),
             sliding_window=c.get("sliding_window"),
             is_causal=c.get("is_causal"),
             input_embedding_scale=float(dflash.get("input_embedding_scale", c.get("input_embedding_scale", 1.0))),

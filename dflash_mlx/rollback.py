@@ -19,8 +19,11 @@ seen only the accepted tokens. Per cache kind:
   draft (none when every draft is accepted): for each linear-attention layer, its input
   projections (`in_proj_qkv`, `in_proj_a`, `in_proj_b`), conv and recurrence over the
   accepted+1 tokens. The layer's output is never read, so MLX's lazy graph skips the
-  z / norm / out_proj half. On a Mac this re-reads about half of each linear layer's
-  mixer weights once per cycle (Qwen3.5-4B: roughly a tenth of a target step).
+  z / norm / out_proj half. On a Mac decoding is bound by weight reads: this re-reads
+  `in_proj_qkv` of every linear layer once per rejecting cycle, roughly a fifth of such
+  a layer's weights (estimated from Qwen3.5's shapes, not measured: on the order of 10-15%
+  of a target step). A tape of the projections (replaying only the
+  recurrence) would remove that, at the price of owning a copy of the mixer's forward.
 
 Saving the states costs nothing either: mlx-lm replaces these arrays on update (it
 never writes into them), so a checkpoint holds references, not copies.

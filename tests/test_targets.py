@@ -203,3 +203,19 @@ def test_rollback_equals_a_cache_that_saw_only_the_accepted_tokens(plain_family,
             a = target.lm_head(target.forward(mx.array(step)[None], cache, capture=False)[0])
             b = target.lm_head(target.forward(mx.array(step)[None], fresh, capture=False)[0])
             np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=1e-5)
+
+
+def test_drafter_config_fields_round_trip():
+    """gemma-4's dflash_config fields survive export (z-lab's layout) and reload; sliding
+    layers come from `use_sliding_window` / `max_window_layers` as transformers derives them."""
+    from dflash_mlx.config import parse_config
+
+    target = Target(tiny_target("qwen3"))
+    raw = drafter_config(target).to_dict()
+    raw.update(num_hidden_layers=3, use_sliding_window=True, max_window_layers=1, sliding_window=5)
+    raw["dflash_config"].update(input_embedding_scale=8.0, output_multiplier=0.5, final_logit_softcapping=30.0)
+    cfg, _ = parse_config(raw)
+    assert cfg.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    again = DrafterConfig.from_dict(cfg.to_dict())
+    assert (again.input_embedding_scale, again.output_multiplier, again.final_logit_softcapping) == (8.0, 0.5, 30.0)
+    assert again.layer_types == cfg.layer_types and again.sliding_window == 5
