@@ -78,6 +78,7 @@ class Cycles:
             mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
             if progress:
                 progress(start + i + len(chunk), len(tokens))
+        cache.remember()
         return self._queue(0, self.target.lm_head(hidden[:, -1])[0])
 
     def plain(self, token: Union[int, mx.array]) -> Cycle:

@@ -31,7 +31,7 @@ never writes into them), so a checkpoint holds references, not copies.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
@@ -81,12 +81,37 @@ def _drop_rotating(c: RotatingKVCache, drop: int) -> None:
     c._idx = end
 
 
-def rewind(cache: Sequence[Any], drop: int) -> bool:
-    """Forget the last `drop` tokens of a cache between generations (multi-turn reuse).
-    False when some layer cannot (a recurrent state, a wrapped window): start over."""
-    if drop <= 0:
-        return True
-    if not can_trim_prompt_cache(cache):
-        return False
-    trim_prompt_cache(cache, drop)
-    return True
+class Mark:
+    """A hybrid cache as it was after its first `length` tokens (the end of a prompt), so
+    that a later turn that keeps at least those can go back there instead of starting
+    over: its KV layers are trimmed back, its recurrent layers' states kept by reference."""
+
+    def __init__(self, cache: Sequence[Any], length: int):
+        self.length = length
+        self.states = {i: list(c.cache) for i, c in enumerate(cache) if isinstance(c, ArraysCache)}
+
+    @staticmethod
+    def take(cache: Sequence[Any], length: int) -> Optional["Mark"]:
+        """A mark, where one is needed (recurrent layers) and possible (no rotating cache:
+        mlx-lm writes into those in place, a reference would not hold still)."""
+        recurrent = [isinstance(c, ArraysCache) for c in cache]
+        kv = [not r and not isinstance(c, RotatingKVCache) and c.is_trimmable() for c, r in zip(cache, recurrent)]
+        return Mark(cache, length) if any(recurrent) and all(r or k for r, k in zip(recurrent, kv)) else None
+
+
+def rewind(cache: Sequence[Any], held: int, keep: int, mark: Optional[Mark] = None) -> Optional[int]:
+    """Make a cache that holds `held` tokens hold its first `keep` only, between generations
+    (multi-turn reuse). Returns how many it holds now: `keep`, or the `mark`'s length when
+    only the mark can take it below `held`; None when it must start over (a recurrent
+    state with no usable mark, a wrapped window)."""
+    if keep >= held or can_trim_prompt_cache(cache):
+        trim_prompt_cache(cache, held - keep)
+        return keep
+    if mark is None or mark.length > keep:
+        return None
+    for i, c in enumerate(cache):
+        if isinstance(c, ArraysCache):
+            c.cache = list(mark.states[i])
+        else:
+            c.trim(held - mark.length)
+    return mark.length

@@ -135,31 +135,36 @@ def test_greedy_lossless(family):
 
 @pytest.mark.parametrize("kind", ["random", "scripted"])
 def test_multi_turn_reuse(family, kind):
-    """Turn 2 continues turn 1 (reused, nothing to rewind); turn 3 edits an early token
-    (the cache must forget most of what it holds: trimmed, or restarted)."""
+    """Turn 2 continues turn 1 (nothing to rewind); turn 3 edits turn 2's reply (back to
+    the common prefix: trimmed; a gated-delta cache goes back to the end of turn 2's
+    prompt; a wrapped window starts over); turn 4 edits an early token."""
     name, model, target = family
     if kind == "random":
         drafter = random_drafter(target, 7)
     else:  # one drafter for every turn (a new one would reset the drafter's context)
         drafter = ScriptedDrafter(target, [], lambda c, k: PATTERNS[c % len(PATTERNS)](k))
     cache = make_prompt_cache(model, drafter)
-    first = prompt_of(WINDOW + 4, 11)
-    prompts, reply = [first], []
-    for turn, n in enumerate([20, 20, 16]):
+    recurrent = any(isinstance(c, ArraysCache) for c in cache.target)
+    rotating = any(isinstance(c, RotatingKVCache) for c in cache.target)
+    prompt, reply, cached = prompt_of(WINDOW + 4, 11), [], []
+    for turn in range(4):
         if turn == 1:
-            prompts.append(first + reply + prompt_of(3, 12))
+            prompt = prompt + reply + prompt_of(3, 12)
         elif turn == 2:
-            second = prompts[1]
-            prompts.append(second[:3] + [(second[3] + 1) % MASK] + second[4:])
-        ref = reference(model, prompts[turn], n)
-        drafter.truth = prompts[turn] + ref + [0] * BLOCK
+            prompt = prompt + reply[:1] + [(reply[1] + 1) % MASK] + reply[2:] + prompt_of(2, 13)
+        elif turn == 3:
+            prompt = prompt[:3] + [(prompt[3] + 1) % MASK] + prompt[4:]
+        ref = reference(model, prompt, 16)
+        drafter.truth = prompt + ref + [0] * BLOCK
         stats = dflash_mlx.speculative.GenerationStats()
-        reply = ours(model, prompts[turn], drafter, n, block_size=BLOCK, prompt_cache=cache, stats=stats)[0]
+        reply = ours(model, prompt, drafter, 16, block_size=BLOCK, prompt_cache=cache, stats=stats)[0]
         assert reply == ref, (name, turn)
+        cached.append(stats.prompt_cached)
         if turn == 1:
-            assert stats.prompt_cached >= len(prompts[1]) - 4
-    rewinds = all(not isinstance(c, (ArraysCache, RotatingKVCache)) for c in cache.target)
-    assert stats.prompt_cached == (3 if rewinds else 0)
+            second = len(prompt)
+    assert cached[1] >= second - 4
+    assert cached[2] == (0 if rotating else second if recurrent else second + 1)
+    assert cached[3] == (0 if rotating or recurrent else 3)
 
 
 def _window(c) -> tuple[np.ndarray, np.ndarray]:
