@@ -136,6 +136,8 @@ def _check_rope(cfg: DrafterConfig) -> None:
     scaling = cfg.rope_scaling or {}
     if not isinstance(scaling, dict):
         raise ValueError(f"config.json rope_scaling must be an object, got {scaling!r}")
+    if scaling.get("truncate", True) is not True:  # mlx-lm's YaRN always rounds the correction range
+        raise ValueError("config.json rope_scaling truncate = false is not supported (mlx-lm's YaRN truncates)")
     try:
         initialize_rope(cfg.head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
     except (ValueError, KeyError, TypeError) as e:

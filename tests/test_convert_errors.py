@@ -129,6 +129,8 @@ def test_config_fields(tmp_path, src, out, config):
                            ({"dflash_config": {**config["dflash_config"], "final_logit_softcapping": -1.0}},
                             "final_logit_softcapping"),
                            ({"rope_scaling": {"rope_type": "unheard-of", "factor": 2.0}}, "rope_scaling"),
+                           ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}},
+                            "truncate"),
                            ({"hidden_act": "gelu"}, "hidden_act"),
                            ({"mlp_bias": True}, "mlp_bias"),
                            ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},

@@ -30,6 +30,7 @@ from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.rollback import Checkpoint
 from dflash_mlx.speculative import generate_step
 from dflash_mlx.target import Target
+from test_lossless import ScriptedPolicy
 from tiny_targets import FAMILIES, HIDDEN, VOCAB, WINDOW, tiny_target
 
 BLOCK = 6
@@ -130,6 +131,10 @@ def test_greedy_lossless(family):
         got, accepted = ours(model, prompt, drafter, n, block_size=BLOCK)
         assert got == ref, (name, length)
         seen.update(accepted)
+        # Plain steps (pipelined) mixed with blocks of every size.
+        drafter = ScriptedDrafter(target, prompt + ref + [0] * BLOCK, lambda c, k: PATTERNS[c % 3](k))
+        policy = ScriptedPolicy([1, 3, 1, 1, BLOCK, 2, 5], max_size=BLOCK)
+        assert ours(model, prompt, drafter, n, policy=policy)[0] == ref, (name, length, "mixed sizes")
     assert {1, BLOCK // 2, BLOCK - 1, BLOCK} <= seen  # every kind of rollback ran, and none
 
 
