@@ -84,7 +84,7 @@ class _Args:
     """What an instantiation depends on: template arguments and how inputs are passed."""
 
     template: tuple[tuple[str, Any], ...]
-    inputs: tuple[tuple[mx.Dtype, int, int], ...]  # (dtype, ndim, size) reduced to what matters
+    inputs: tuple[tuple[mx.Dtype, str], ...]  # (dtype, "s" scalar | "c" constant (< 8 elements) | "" device)
     outputs: tuple[mx.Dtype, ...]
 
 
@@ -126,7 +126,7 @@ class MetalKernel:
                    kernel.ensure_row_contiguous, **kwargs)
 
     def args(self, inputs: Sequence[mx.array], template: Sequence[tuple[str, Any]], output_dtypes) -> _Args:
-        return _Args(tuple((n, v) for n, v in template), tuple((a.dtype, a.ndim, a.size) for a in inputs),
+        return _Args(tuple((n, v) for n, v in template), tuple((_dtype(a), _kind(a)) for a in inputs),
                      tuple(output_dtypes))
 
     def function_name(self, a: _Args) -> str:
@@ -134,8 +134,8 @@ class MetalKernel:
         name = "custom_kernel_" + self.name
         if a.template:
             name += "_" + re.sub(r"<|>|(, )", "_", self._template_def(a))[:-1]
-        for dtype, ndim, size in a.inputs:
-            name += "_" + TYPES[dtype][0] + ("s" if ndim == 0 else "c" if size < MAX_CONSTANT_ARRAY_SIZE else "")
+        for dtype, kind in a.inputs:
+            name += "_" + TYPES[dtype][0] + kind
         return name + "".join("_" + TYPES[d][0] for d in a.outputs)
 
     def _template_def(self, a: _Args) -> str:
@@ -149,13 +149,13 @@ class MetalKernel:
                      for _, v in a.template]
             lines.append("template <" + ", ".join(f"{k} {n}" for k, (n, _) in zip(kinds, a.template)) + ">")
         params, index = [], 0
-        for (dtype, ndim, size), n, (shape, strides, nd) in zip(a.inputs, self.input_names, self.shape_infos):
-            where = "constant" if size < MAX_CONSTANT_ARRAY_SIZE else "device"
-            params.append(f"  const {where} {TYPES[dtype][0]}{'&' if ndim == 0 else '*'} {n} [[buffer({index})]]")
+        for (dtype, kind), n, (shape, strides, nd) in zip(a.inputs, self.input_names, self.shape_infos):
+            where = "device" if kind == "" else "constant"
+            params.append(f"  const {where} {TYPES[dtype][0]}{'&' if kind == 's' else '*'} {n} [[buffer({index})]]")
             index += 1
             extras = [(shape, f"const constant int* {n}_shape"), (strides, f"const constant int64_t* {n}_strides"),
                       (nd, f"const constant int& {n}_ndim")]
-            for wanted, decl in extras if ndim > 0 else []:
+            for wanted, decl in extras if kind != "s" else []:
                 if wanted:
                     params.append(f"  {decl} [[buffer({index})]]")
                     index += 1
@@ -173,12 +173,12 @@ class MetalKernel:
     def call_expression(self, a: _Args) -> str:
         """C++ that calls the instantiation with buffers `b[i]` and thread ids `id`."""
         args, i = [], 0
-        for (dtype, ndim, _), (shape, strides, nd) in zip(a.inputs, self.shape_infos):
+        for (dtype, kind), (shape, strides, nd) in zip(a.inputs, self.shape_infos):
             t = TYPES[dtype][0]
-            args.append(f"*(const {t}*)b[{i}]" if ndim == 0 else f"(const {t}*)b[{i}]")
+            args.append(f"*(const {t}*)b[{i}]" if kind == "s" else f"(const {t}*)b[{i}]")
             i += 1
             for wanted, t in zip((shape, strides, nd), ("const int*", "const int64_t*", "const int&")):
-                if wanted and ndim > 0:
+                if wanted and kind != "s":
                     args.append(f"*(const int*)b[{i}]" if t == "const int&" else f"({t})b[{i}]")
                     i += 1
         for dtype in a.outputs:
@@ -215,6 +215,16 @@ class MetalKernel:
         return [_from_numpy(o, d) for o, d in zip(outs, output_dtypes)]
 
 
+def _dtype(x: Any) -> mx.Dtype:
+    """An input's MLX dtype (inputs may be numpy arrays, to pass non-contiguous views)."""
+    return mx.array(np.zeros((), x.dtype)).dtype if isinstance(x, np.ndarray) else x.dtype
+
+
+def _kind(x: Any) -> str:
+    """How MLX passes an input: "s" a scalar (by reference), "c" in `constant` memory, "" in `device`."""
+    return "s" if x.ndim == 0 else "c" if x.size < MAX_CONSTANT_ARRAY_SIZE else ""
+
+
 def _to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
@@ -234,7 +244,8 @@ class Emulator:
 
     def prepare(self, wanted: Sequence[tuple[MetalKernel, _Args]]) -> None:
         """Compile every instantiation not compiled yet, all in one shared library."""
-        todo = list(dict.fromkeys((k, a) for k, a in wanted if (k.namespace, a) not in self.compiled))
+        pending = {(k.namespace, a): (k, a) for k, a in wanted if (k.namespace, a) not in self.compiled}
+        todo = list(pending.values())
         if not todo:
             return
         parts = [f'#include "{HEADER}"\n']
