@@ -13,14 +13,19 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
+from .kernels import decoder
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 class Target:
     """A read-only view of an mlx-lm decoder: `forward` gives final hidden states and the
-    concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i)."""
+    concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i).
+    With `kernels`, verify-sized forwards (2..16 tokens) of a quantized model run their
+    projections through the custom kernel (kernels/decoder.py); other forwards, and models
+    it does not know, run the model's own modules."""
 
-    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
+    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = (), kernels: bool = False):
         model_type = getattr(model, "model_type", None) or getattr(model.args, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -31,6 +36,7 @@ class Target:
         self.capture_layers = list(capture_layers)
         self.tied = getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head")
         self.sliding_window = getattr(self.body, "sliding_window", None)
+        self.kernels = kernels and decoder.supports(self.layers)
 
     @property
     def num_layers(self) -> int:
@@ -50,8 +56,9 @@ class Target:
     def lm_head(self, hidden: mx.array) -> mx.array:
         """Logits from final (normed) hidden states, as the model's own head computes them."""
         if self.tied:
-            return self.body.embed_tokens.as_linear(hidden)
-        return self.model.lm_head(hidden)
+            embed = self.body.embed_tokens
+            return decoder.as_linear(embed, hidden) if self.kernels else embed.as_linear(hidden)
+        return decoder.linear(self.model.lm_head, hidden) if self.kernels else self.model.lm_head(hidden)
 
     def head_rows(self, ids: mx.array) -> mx.array:
         """The output matrix's rows for token `ids` (n, hidden), dequantized if needed:
@@ -79,8 +86,9 @@ class Target:
         h = self.embed(tokens)
         captured = {}
         wanted = set(self.capture_layers) if capture else set()
+        explicit = self.kernels and decoder.MIN_ROWS <= tokens.shape[1] <= decoder.MAX_ROWS
         for i, (layer, c, mask) in enumerate(zip(self.layers, cache, self._masks(h, cache))):
-            h = layer(h, mask, c)
+            h = decoder.decoder_layer(layer, h, mask, c) if explicit else layer(h, mask, c)
             if i in wanted:
                 captured[i] = h
         features = (mx.concatenate([captured[i] for i in self.capture_layers], axis=-1)
