@@ -73,6 +73,15 @@ ATTRIBUTES = [
     ("threads_per_threadgroup", "uint3"),
 ]
 MAX_CONSTANT_ARRAY_SIZE = 8
+GXX_FLAGS = ["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-attributes"]
+#: One exported entry point per instantiation: runs the grid, returns 0 or 1 with the error in `err`.
+LAUNCHER = """
+extern "C" int launch_{i}(void** b, const uint32_t* grid, const uint32_t* tg, uint64_t seed, char* err, int n) {{
+  std::string e = emu::launch(grid, tg, seed, [&](const emu::Ids& id) {{ {call}; }});
+  std::snprintf(err, n, "%s", e.c_str());
+  return e.empty() ? 0 : 1;
+}}
+"""
 
 
 class KernelError(RuntimeError):
@@ -114,7 +123,8 @@ class MetalKernel:
         self.name, self.source, self.header = name, source, header
         self.input_names, self.output_names = list(input_names), list(output_names)
         self.ensure_row_contiguous = ensure_row_contiguous
-        self.shape_infos = [tuple(f"{n}_{part}" in source for part in ("shape", "strides", "ndim")) for n in input_names]
+        parts = ("shape", "strides", "ndim")
+        self.shape_infos = [tuple(f"{n}_{part}" in source for part in parts) for n in input_names]
         self.attributes = [(a, t) for a, t in ATTRIBUTES if a in source]
         self.namespace = "k_" + hashlib.sha1((name + header + source).encode()).hexdigest()[:12]
         self.emulator = emulator or EMULATOR
@@ -256,11 +266,7 @@ class Emulator:
             body = k.header + "".join(k.kernel_source(a)[len(k.header):] for a in insts)
             parts.append(f"namespace {ns} {{\n{body}\n}}  // namespace {ns}\n")
         for i, (k, a) in enumerate(todo):
-            parts.append(
-                f'extern "C" int launch_{i}(void** b, const uint32_t* grid, const uint32_t* tg, uint64_t seed,'
-                f" char* err, int n) {{\n  std::string e = emu::launch(grid, tg, seed, [&](const emu::Ids& id) {{"
-                f" {k.call_expression(a)}; }});\n  std::snprintf(err, n, \"%s\", e.c_str());\n  return e.empty() ? 0 : 1;\n}}\n"
-            )
+            parts.append(LAUNCHER.format(i=i, call=k.call_expression(a)))
         lib = self._build("".join(parts))
         for i, (k, a) in enumerate(todo):
             self.compiled[(k.namespace, a)] = (lib, f"launch_{i}")
@@ -273,7 +279,7 @@ class Emulator:
             cpp = self.cache / f"{digest}.cpp"
             cpp.write_text(code)
             tmp = so.with_suffix(".so.tmp")
-            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-attributes", str(cpp), "-o", str(tmp)]
+            cmd = ["g++", *GXX_FLAGS, str(cpp), "-o", str(tmp)]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode:
                 raise KernelError(f"g++ failed on {cpp}:\n{result.stderr[-4000:]}")

@@ -24,8 +24,15 @@ from .qmm import BITS, GROUP_SIZES, MAX_ROWS, verify_qmm
 MIN_ROWS = 2  # one row is a plain decoding step: MLX's own qmv is tuned for it
 #: The layer classes whose forward `decoder_layer` repeats (mistral loads as llama).
 LAYER_MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
-PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
-               ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
+PROJECTIONS = (
+    ("self_attn", "q_proj"),
+    ("self_attn", "k_proj"),
+    ("self_attn", "v_proj"),
+    ("self_attn", "o_proj"),
+    ("mlp", "gate_proj"),
+    ("mlp", "up_proj"),
+    ("mlp", "down_proj"),
+)
 
 
 def kernel_takes(module: nn.Module) -> bool:
@@ -58,10 +65,15 @@ def as_linear(embedding: nn.Module, x: mx.array) -> mx.array:
     return verify_qmm(x, embedding.weight, embedding.scales, embedding.biases, embedding.group_size, embedding.bits)
 
 
+def projections(layer: nn.Module) -> list[nn.Module]:
+    """The layer's attention and MLP projections that it has (by mlx-lm's names)."""
+    return [layer[part][name] for part, name in PROJECTIONS if part in layer and name in layer[part]]
+
+
 def supports(layers: list[nn.Module]) -> bool:
     """Whether every layer is one `decoder_layer` repeats and some projection is the kernel's."""
     known = all(type(layer).__module__ in LAYER_MODULES for layer in layers)
-    return known and any(kernel_takes(layer[part][name]) for layer in layers for part, name in PROJECTIONS)
+    return known and any(kernel_takes(p) for layer in layers for p in projections(layer))
 
 
 def _attention(attn: nn.Module, x: mx.array, mask: Any, cache: Optional[Any]) -> mx.array:
