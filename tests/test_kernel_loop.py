@@ -12,13 +12,14 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from mlx.utils import tree_map
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from mlx_lm.utils import _get_classes
 
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.kernels import decoder, metal_ready
-from dflash_mlx.speculative import generate_step
+from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.target import Target
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 4
@@ -39,6 +40,7 @@ def tiny_target(model_type: str, quantize: bool = True) -> nn.Module:
                 rope_theta=10_000.0, max_position_embeddings=512, **extra)
     mx.random.seed(3)
     model = model_class(args_class.from_dict(args))
+    model.update(tree_map(lambda p: 3 * p, model.parameters()))  # livelier than the default init: varied greedy text
     if quantize:
         nn.quantize(model, group_size=group_size, bits=bits)
     mx.eval(model.parameters())
@@ -56,17 +58,17 @@ def tiny_drafter(block_size: int = 8) -> Drafter:
 
 
 class TruthDrafter(Drafter):
-    """Proposes the reference continuation, wrong at every third draft position: long
-    accepted prefixes and rejections, so the verify's logits and rollback both count."""
+    """Proposes the reference continuation with draft 5 of every block wrong: four drafts
+    accepted, then a rejection, so the verify's logits and the rollback both count."""
 
-    def __init__(self, truth: list[int]):
+    def __init__(self, generated: list[int]):
         super().__init__(tiny_drafter().config)
-        self.truth = truth
+        self.truth = PROMPT + generated + [0] * 16  # by position
 
     def propose(self, block, cache, target):
-        start = cache[0].offset
-        tokens = [self.truth[min(start + k, len(self.truth) - 1)] for k in range(1, block.shape[1])]
-        tokens = [(t + 1) % VOCAB if k % 3 == 2 else t for k, t in enumerate(tokens, 1)]
+        start = cache[0].offset  # the position of block[0]
+        tokens = [self.truth[start + k] for k in range(1, block.shape[1])]
+        tokens = [(t + 1) % VOCAB if k == 5 else t for k, t in enumerate(tokens, 1)]
         return mx.where(mx.arange(VOCAB)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
 
 
@@ -75,9 +77,9 @@ def mlx_lm_greedy(model) -> list[int]:
     return [int(t) for t, _ in steps]
 
 
-def dflash_greedy(model, drafter, **kw) -> list[int]:
+def dflash_greedy(model, drafter, stats=None, **kw) -> list[int]:
     out = []
-    for committed, _, _ in generate_step(PROMPT, model, drafter, block_size=8, **kw):
+    for committed, _, _ in generate_step(PROMPT, model, drafter, block_size=8, stats=stats, **kw):
         out += committed
         if len(out) >= MAX_TOKENS:
             return out[:MAX_TOKENS]
@@ -119,9 +121,12 @@ def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
 def test_greedy_with_kernels_is_token_identical(model_type, kernel_calls):
     model = tiny_target(model_type)
     reference = mlx_lm_greedy(model)
+    assert len(set(reference)) > MAX_TOKENS // 2, reference  # a varied text, not one token repeated
     assert dflash_greedy(model, tiny_drafter(), kernels=True) == reference  # random drafter: rejections
     assert kernel_calls, "the verify never went through verify_qmm"
-    assert dflash_greedy(model, TruthDrafter(reference + [0] * 16), kernels=True) == reference
+    stats = GenerationStats()
+    assert dflash_greedy(model, TruthDrafter(reference), stats, kernels=True) == reference
+    assert set(stats.accepted_lengths[:-1]) == {5}  # the last block runs past the reference
 
 
 def test_kernels_stay_off_where_they_cannot_help(kernel_calls):
