@@ -189,6 +189,37 @@ def _misc_instances():
     ]
 
 
+def mlx_written_source(kernel: MetalKernel, inputs, template, output_shapes, output_dtypes, tmp_path, capfd) -> str:
+    """The kernel source MLX itself writes, printed with verbose=True while it traces an export
+    (MLX records a metal_kernel in an export even where Metal cannot run)."""
+    real = mx.fast.metal_kernel(name=kernel.name, input_names=kernel.input_names, output_names=kernel.output_names,
+                                source=kernel.source, header=kernel.header,
+                                ensure_row_contiguous=kernel.ensure_row_contiguous)
+
+    def call(*arrays):
+        return real(inputs=list(arrays), template=template, grid=(32, 1, 1), threadgroup=(32, 1, 1),
+                    output_shapes=output_shapes, output_dtypes=output_dtypes, verbose=True)
+
+    capfd.readouterr()
+    mx.export_function(str(tmp_path / "kernel.mlxfn"), call, *inputs)
+    printed = capfd.readouterr().out.split("```\n", 1)[1]
+    return printed[: printed.rindex("\n```")]
+
+
+@pytest.mark.parametrize("case", [BROKEN_CASE, (16, mx.bfloat16, 8, 128, 128, 1)], ids=["float32", "tiny-bf16"])
+def test_emulator_writes_the_source_mlx_writes(case, tmp_path, capfd):
+    """Byte for byte, MLX's own signature, template and instantiation around the shipped body."""
+    launch = verify_qmm_launch(*problem(*case))
+    kernel = MetalKernel.of(VERIFY_QMM)
+    ours = kernel.kernel_source(kernel.args(launch.inputs, launch.template, launch.output_dtypes))
+    theirs = mlx_written_source(kernel, launch.inputs, launch.template, launch.output_shapes, launch.output_dtypes,
+                                tmp_path, capfd)
+    assert ours == theirs
+    scalar = [mx.array(STRIDED), mx.array(2.0)]
+    ours = SHAPES_KERNEL.kernel_source(SHAPES_KERNEL.args(scalar, [], [mx.float32]))
+    assert ours == mlx_written_source(SHAPES_KERNEL, scalar, [], [(12,)], [mx.float32], tmp_path, capfd)
+
+
 def test_emulator_writes_mlx_signature():
     """Scalars by reference, small arrays in `constant`, shape/strides/ndim when named, attributes by name."""
     a = SHAPES_KERNEL.args([mx.array(STRIDED), mx.array(2.0)], [], [mx.float32])
