@@ -120,10 +120,15 @@ def test_interleavings_do_not_change_the_result(runner):
     assert_close(mx.array(outs[0]), args)
 
 
+RACES = "a missing barrier need not show on real hardware; the emulator's seeded thread order makes it show"
+
+
 @pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_broken_kernels_are_caught(runner, mutant):
     """A missing barrier or a wrong index gives wrong outputs, for every thread order tried."""
+    if runner == "metal" and "barrier" in mutant:
+        pytest.skip(RACES)
     args = problem(*BROKEN_CASE)
     for seed in range(3 if runner == "emulator" else 1):
         with pytest.raises(AssertionError, match="outputs off"):

@@ -9,7 +9,7 @@ what is tested is what ships.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,7 +45,6 @@ class Launch:
     threadgroup: tuple[int, int, int]
     output_shapes: list[tuple[int, ...]]
     output_dtypes: list[mx.Dtype]
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def metal_ready() -> bool:
@@ -74,5 +73,4 @@ def run_metal(kernel: KernelSource, launch: Launch) -> list[mx.array]:
         threadgroup=launch.threadgroup,
         output_shapes=launch.output_shapes,
         output_dtypes=launch.output_dtypes,
-        **launch.extra,
     )
