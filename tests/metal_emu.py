@@ -31,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 HEADER = Path(__file__).with_name("metal_emu.h")
+HEADERS = [HEADER, HEADER.with_name("metal_emu_threads.h"), HEADER.with_name("metal_emu_types.h")]
 CACHE = Path(tempfile.gettempdir()) / "dflash-metal-emu"
 
 #: MLX's `get_type_string`, and how each dtype crosses to numpy (bfloat16 as its bits).
@@ -272,7 +273,7 @@ class Emulator:
             self.compiled[(k.namespace, a)] = (lib, f"launch_{i}")
 
     def _build(self, code: str) -> ctypes.CDLL:
-        digest = hashlib.sha1((code + HEADER.read_text()).encode()).hexdigest()[:16]
+        digest = hashlib.sha1("".join([code] + [h.read_text() for h in HEADERS]).encode()).hexdigest()[:16]
         self.cache.mkdir(parents=True, exist_ok=True)
         so = self.cache / f"{digest}.so"
         if not so.exists():
