@@ -65,7 +65,7 @@ def run_kernel_bench(
     layer = model.model.layers[0]
     projections = [p for p in decoder.projections(layer) if decoder.kernel_takes(p)]
     dtype = projections[0].scales.dtype if projections else mx.float16
-    targets = {False: Target(model), True: Target(model, kernels=True)}
+    targets = {False: Target(model), True: Target(model).use_kernels()}
     caches = {}
     for kernels, target in targets.items():
         caches[kernels] = make_prompt_cache(model)

@@ -150,8 +150,8 @@ def generate_step(
     kernel (dflash_mlx.kernels); None: on wherever it can run (an Apple GPU)."""
     _check_args(prompt, block_size, temp)
     stats = stats if stats is not None else GenerationStats()
-    kernels = metal_ready() if kernels is None else kernels
-    target = Target(model, draft_model.config.target_layer_ids if draft_model else (), kernels=kernels)
+    target = Target(model, draft_model.config.target_layer_ids if draft_model else ())
+    target.use_kernels(metal_ready() if kernels is None else kernels)
     if draft_model is not None:
         check_fit(
             draft_model.config,

@@ -20,12 +20,11 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 class Target:
     """A read-only view of an mlx-lm decoder: `forward` gives final hidden states and the
-    concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i).
-    With `kernels`, verify-sized forwards (2..16 tokens) of a quantized model run their
-    projections through the custom kernel (kernels/decoder.py); other forwards, and models
-    it does not know, run the model's own modules."""
+    concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i)."""
 
-    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = (), kernels: bool = False):
+    kernels = False  # verify projections through the custom kernel: see `use_kernels`
+
+    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
         model_type = getattr(model, "model_type", None) or getattr(model.args, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -36,7 +35,13 @@ class Target:
         self.capture_layers = list(capture_layers)
         self.tied = getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head")
         self.sliding_window = getattr(self.body, "sliding_window", None)
-        self.kernels = kernels and decoder.supports(self.layers)
+
+    def use_kernels(self, on: bool = True) -> "Target":
+        """With `on`, verify-sized forwards (2..16 tokens) of a quantized model run their
+        projections through the custom kernel (kernels/decoder.py); other forwards, and
+        models it does not know, run the model's own modules. Returns self."""
+        self.kernels = on and decoder.supports(self.layers)
+        return self
 
     @property
     def num_layers(self) -> int:

@@ -103,7 +103,7 @@ def kernel_calls(monkeypatch):
 def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
     """Bit for bit, on a verify-sized block after a cached prefix (the fallback computes what the module does)."""
     model = tiny_target(model_type)
-    own, explicit = Target(model, [1, 2]), Target(model, [1, 2], kernels=True)
+    own, explicit = Target(model, [1, 2]), Target(model, [1, 2]).use_kernels()
     assert explicit.kernels and not own.kernels
     caches = [make_target_cache(model), make_target_cache(model)]
     for target, cache in zip((own, explicit), caches):
@@ -131,7 +131,7 @@ def test_greedy_with_kernels_is_token_identical(model_type, kernel_calls):
 
 def test_kernels_stay_off_where_they_cannot_help(kernel_calls):
     """Unquantized models run their own modules; by default the kernels are on only on Apple GPUs."""
-    assert not Target(tiny_target("qwen3", quantize=False), kernels=True).kernels
+    assert not Target(tiny_target("qwen3", quantize=False)).use_kernels().kernels
     model = tiny_target("llama")
     assert dflash_greedy(model, tiny_drafter(), kernels=False) == mlx_lm_greedy(model)
     assert kernel_calls == []

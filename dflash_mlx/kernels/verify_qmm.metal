@@ -80,12 +80,16 @@ for (int k0 = 0; k0 < K; k0 += CHUNK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
+// Compile-time bounds keep acc in registers; m < M is the same for every lane, so each
+// simd_sum is called by the whole simdgroup.
 for (int c = 0; c < COLS; c++) {
   const int n = n0 + c;
-  for (int m = 0; m < M; m++) {
-    const float total = simd_sum(acc[m][c]);
-    if (lane == 0 && n < N) {
-      y[m * N + n] = static_cast<T>(total);
+  for (int m = 0; m < MB; m++) {
+    if (m < M) {
+      const float total = simd_sum(acc[m][c]);
+      if (lane == 0 && n < N) {
+        y[m * N + n] = static_cast<T>(total);
+      }
     }
   }
 }
