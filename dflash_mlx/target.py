@@ -18,12 +18,15 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
+from .kernels import decoder
 from .rollback import Checkpoint
 
 
 class Target:
     """A read-only view of an mlx-lm decoder: `forward` gives final hidden states and the
     concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i)."""
+
+    kernels = False  # verify projections through the custom kernel: see `use_kernels`
 
     def __new__(cls, model: nn.Module, capture_layers: Sequence[int] = ()):
         if cls is Target:  # the family's adapter (a one-line error for an unsupported type)
@@ -48,6 +51,13 @@ class Target:
         """Each layer's mask kind: "full", "sliding" (windowed) or "linear" (recurrent)."""
         return ["sliding" if getattr(layer, "use_sliding", False) else "full" for layer in self.layers]
 
+    def use_kernels(self, on: bool = True) -> "Target":
+        """With `on`, verify-sized forwards (2..16 tokens) of a quantized model run their
+        projections through the custom kernel (kernels/decoder.py); other forwards, and
+        models it does not know, run the model's own modules. Returns self."""
+        self.kernels = on and decoder.supports(self.layers)
+        return self
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -67,8 +77,9 @@ class Target:
     def head(self, hidden: mx.array) -> mx.array:
         """The output layer alone (what a drafter's logits go through)."""
         if self.tied:
-            return self.body.embed_tokens.as_linear(hidden)
-        return self.lm.lm_head(hidden)
+            embed = self.body.embed_tokens
+            return decoder.as_linear(embed, hidden) if self.kernels else embed.as_linear(hidden)
+        return decoder.linear(self.lm.lm_head, hidden) if self.kernels else self.lm.lm_head(hidden)
 
     def lm_head(self, hidden: mx.array) -> mx.array:
         """Logits from final (normed) hidden states, as the model's own `__call__` computes them."""
@@ -107,10 +118,11 @@ class Target:
         h = self.embed(tokens)
         captured = {}
         wanted = set(self.capture_layers) if capture else set()
+        explicit = self.kernels and decoder.MIN_ROWS <= tokens.shape[1] <= decoder.MAX_ROWS
         for i, (layer, c, mask) in enumerate(zip(self.layers, cache, self._masks(h, cache))):
             if checkpoint is not None:
                 checkpoint.record(i, h)
-            h = layer(h, mask, c)
+            h = decoder.decoder_layer(layer, h, mask, c) if explicit else layer(h, mask, c)
             if i in wanted:
                 captured[i] = h
         return self.body.norm(h), self._features(captured)
