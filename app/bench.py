@@ -193,12 +193,14 @@ def run_bench(
     progress: Optional[Callable[[str], None]] = None,
     fixed_sizes: Sequence[int] = (),
     draft_vocab: Optional[str] = None,
+    kernels: Optional[bool] = None,
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method. `draft_path`
     "random" measures the loop's overhead with an untrained drafter. Ours runs with
     `block_size` (None: adaptive, one policy across the prompts, as a chat keeps one),
     once more for each of `fixed_sizes`, and once more for each further draft vocabulary
-    of `draft_vocab` (comma-separated files or 'none'; the first is ours')."""
+    of `draft_vocab` (comma-separated files or 'none'; the first is ours'); `kernels` as in
+    `stream_generate`."""
     import mlx_lm
 
     from dflash_mlx import load, load_draft, stream_generate
@@ -220,6 +222,7 @@ def run_bench(
                 progress,
                 fixed_sizes,
                 draft_vocab,
+                kernels,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
@@ -239,7 +242,14 @@ def run_bench(
         def run(prompt):
             chunks, seconds, last = _clock(
                 stream_generate(
-                    model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=size, policy=policy
+                    model,
+                    tokenizer,
+                    prompt,
+                    drafter,
+                    max_tokens=max_tokens,
+                    block_size=size,
+                    policy=policy,
+                    kernels=kernels,
                 ),
                 lambda r: [r.token],
             )

@@ -66,6 +66,9 @@ def generate(
     block_size: Optional[int] = typer.Option(None, "--block-size"),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
+    no_kernels: bool = typer.Option(
+        False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
+    ),
 ) -> None:
     """Generate text with DFlash speculative decoding and print the stats."""
     from dflash_mlx import load, load_draft, stream_generate
@@ -78,6 +81,7 @@ def generate(
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
     last = None
     options = dict(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, seed=seed, block_size=block_size)
+    options.update(kernels=False if no_kernels else None)
     for last in stream_generate(target, tokenizer, prompt, drafter, profile=True, **options):
         sys.stdout.write(last.text)
         sys.stdout.flush()
@@ -112,6 +116,12 @@ def bench(
     ),
     reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
+    kernels: Optional[bool] = typer.Option(
+        None,
+        "--kernels/--no-kernels",
+        help="--kernels: time the verify kernel vs mx.quantized_matmul (M = 1..16) instead; "
+        "--no-kernels: run ours without the custom kernels (default: on on Apple GPUs).",
+    ),
 ) -> None:
     """Plain mlx-lm vs DFlash (vs z-lab's loop) on the same prompts, side by side."""
     from rich.console import Console
@@ -119,6 +129,15 @@ def bench(
     from .bench import markdown_table, read_prompts, run_bench, write_json
 
     console = Console(stderr=True)
+    if kernels:
+        from .bench_kernels import kernel_table, run_kernel_bench
+
+        with console.status("timing the verify kernel") as status:
+            report = run_kernel_bench(model, progress=lambda msg: status.update(msg))
+        print(kernel_table(report))
+        if json_out:
+            write_json(report, json_out)
+        return
     with console.status("benchmarking") as status:
         report = run_bench(
             model,
@@ -130,6 +149,7 @@ def bench(
             progress=lambda msg: status.update(msg),
             fixed_sizes=[int(b) for b in fixed.split(",") if b.strip()],
             draft_vocab=draft_vocab,
+            kernels=kernels,
         )
     print(markdown_table(report))
     if json_out:
@@ -205,6 +225,9 @@ def serve(
     port: int = typer.Option(8080, "--port"),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="Fixed block size (default: adaptive)."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="For requests that do not set max_tokens."),
+    no_kernels: bool = typer.Option(
+        False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
+    ),
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
     from .serve_worker import Worker
@@ -215,7 +238,13 @@ def serve(
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     worker = Worker(
-        model, draft, block_size=block_size, default_max_tokens=max_tokens, no_draft=no_draft, draft_vocab=draft_vocab
+        model,
+        draft,
+        block_size=block_size,
+        default_max_tokens=max_tokens,
+        no_draft=no_draft,
+        draft_vocab=draft_vocab,
+        kernels=False if no_kernels else None,
     )
     run_server(worker, host, port)
 

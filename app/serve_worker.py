@@ -134,6 +134,7 @@ class Worker:
         max_queue: requests waiting at most (beyond that `submit` raises `QueueFull`).
         no_draft: decode with the target alone.
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
+        kernels: the custom Metal kernels on/off (None: on on Apple GPUs).
     """
 
     def __init__(
@@ -147,8 +148,10 @@ class Worker:
         cache_slots: int = 4,
         no_draft: bool = False,
         draft_vocab: Optional[str] = None,
+        kernels: Optional[bool] = None,
     ):
         self.model_ref, self.draft_ref, self.no_draft, self.draft_vocab = model, draft, no_draft, draft_vocab
+        self.kernels = kernels
         self.block_size, self.default_max_tokens, self.cache_slots = block_size, default_max_tokens, cache_slots
         self.info: Optional[ModelInfo] = None
         self.load_error: Optional[str] = None
@@ -255,6 +258,7 @@ class Worker:
             top_k=req.top_k,
             block_size=block,
             seed=seed,
+            kernels=self.kernels,
             stop=req.stop,
         )
 

@@ -6,11 +6,12 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from .adaptive import BlockSizePolicy
 from .drafter import Drafter
+from .rollback import Mark, rewind
 
 
 class PromptCache:
@@ -22,14 +23,14 @@ class PromptCache:
     about the drafter carries over from turn to turn."""
 
     def __init__(self, model: nn.Module, draft_model: Optional[Drafter] = None):
+        self.model = model
         self.target = make_target_cache(model)
-        if not can_trim_prompt_cache(self.target):
-            raise ValueError("this model's cache cannot be trimmed, which speculative decoding needs")
         self.tokens: list[int] = []  # what the target cache holds
         self.drafter: Optional[Drafter] = None
         self.draft: Optional[list] = None
         self.pending: list[mx.array] = []  # features (1, n, k * hidden) not yet in the drafter's context
         self.policy: Optional[BlockSizePolicy] = None
+        self.mark: Optional[Mark] = None  # the target cache at the end of the last prompt
         self.use_drafter(draft_model)
 
     def use_drafter(self, draft_model: Optional[Drafter]) -> None:
@@ -43,6 +44,10 @@ class PromptCache:
         cached = self.draft[0].offset if self.draft else 0
         return cached + sum(f.shape[1] for f in self.pending)
 
+    def remember(self) -> None:
+        """Mark the target cache where it stands (after a prompt's prefill)."""
+        self.mark = Mark.take(self.target, len(self.tokens))
+
     def flush(self) -> None:
         """Move pending features into the drafter's context (lazily, one projection)."""
         if self.pending:
@@ -51,7 +56,9 @@ class PromptCache:
 
     def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
         """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
-        token to prefill) and return its length."""
+        token to prefill) and return its length. A target cache that cannot forget
+        tokens goes back to the end of the last prompt if that is early enough (a
+        recurrent state, see `rollback.Mark`), else starts over (a wrapped window)."""
         keep = 0
         for a, b in zip(self.tokens, prompt[:-1]):
             if a != b:
@@ -59,7 +66,10 @@ class PromptCache:
             keep += 1
         if with_drafter:
             keep = min(keep, self.draft_length)
-        trim_prompt_cache(self.target, len(self.tokens) - keep)
+        held = rewind(self.target, len(self.tokens), keep, self.mark)
+        if held is None:
+            self.target, self.mark, held = make_target_cache(self.model), None, 0
+        keep = held
         self.tokens = self.tokens[:keep]
         if self.draft_length > keep:
             self.flush()

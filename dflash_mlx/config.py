@@ -11,18 +11,16 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence
 
+from mlx_lm.models.rope_utils import initialize_rope
+
 from .drafter import DrafterConfig
 from .drafter2 import DFLASH2_FIELDS, Drafter2Config, config_from_dict, is_dflash2
 
 __all__ = ["check_config", "parse_config", "parse_layer_ids"]
 
-# dflash_config fields z-lab's reference honours that the MLX drafter does not implement,
-# with the values that mean "off".
-_UNSUPPORTED_FIELDS = {
-    "input_embedding_scale": (None, 1, 1.0),
-    "output_multiplier": (None, 1, 1.0),
-    "final_logit_softcapping": (None, 0, 0.0),
-}
+# dflash_config fields that scale the drafter's input and output (gemma-4 drafters), with
+# whether 0 is allowed (a soft cap of 0 means none); `Drafter.propose` applies them.
+_SCALE_FIELDS = {"input_embedding_scale": False, "output_multiplier": False, "final_logit_softcapping": True}
 
 
 def _dflash_value(raw: dict, name: str) -> Any:
@@ -71,10 +69,21 @@ def parse_config(
             "config.json has no target_layer_ids (dflash_config.target_layer_ids): "
             "pass --target-layer-ids with the target layers the drafter was trained on"
         )
-    for name, off in _UNSUPPORTED_FIELDS.items():
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json hidden_act {raw['hidden_act']!r} is not supported (silu only)")
+    if raw.get("mlp_bias"):
+        raise ValueError("config.json mlp_bias = true is not supported (the drafter's MLP has no bias)")
+    for name, zero_ok in _SCALE_FIELDS.items():
         value = _dflash_value(raw, name)
-        if value not in off:
-            raise ValueError(f"config.json sets {name} = {value}, which mlx-dflash does not implement")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (number and (value > 0 or (zero_ok and value == 0))):
+            raise ValueError(f"config.json {name} must be a positive number, got {value!r}")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) if isinstance(rope, dict) else 1
+    if partial != 1:
+        raise ValueError(
+            f"config.json partial_rotary_factor {partial} is not supported (the drafter rotates every dim)"
+        )
     try:
         cfg = config_from_dict(raw)
     except (KeyError, TypeError) as e:
@@ -119,6 +128,7 @@ def check_config(cfg: DrafterConfig, check_ranges: bool = True) -> None:
     unknown = sorted(set(cfg.layer_types) - {"full_attention", "sliding_attention"})
     if unknown:
         raise ValueError(f"config.json layer_types: unsupported {unknown}")
+    _check_rope(cfg)
     if "sliding_attention" in cfg.layer_types and not (isinstance(cfg.sliding_window, int) and cfg.sliding_window > 0):
         raise ValueError(f"config.json has sliding_attention layers but sliding_window is {cfg.sliding_window!r}")
     if isinstance(cfg, Drafter2Config):
@@ -138,6 +148,19 @@ def _check_dflash2(cfg: Drafter2Config) -> None:
         )
     if cfg.selector_top_k > cfg.vocab_size:
         raise ValueError(f"config.json selector_top_k {cfg.selector_top_k} exceeds vocab_size {cfg.vocab_size}")
+
+
+def _check_rope(cfg: DrafterConfig) -> None:
+    """The drafter's rotary embedding is mlx-lm's `initialize_rope`: refuse a scaling type it lacks."""
+    scaling = cfg.rope_scaling or {}
+    if not isinstance(scaling, dict):
+        raise ValueError(f"config.json rope_scaling must be an object, got {scaling!r}")
+    if scaling.get("truncate", True) is not True:  # mlx-lm's YaRN always rounds the correction range
+        raise ValueError("config.json rope_scaling truncate = false is not supported (mlx-lm's YaRN truncates)")
+    try:
+        initialize_rope(cfg.head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"config.json rope_scaling {scaling} is not usable ({type(e).__name__}: {e})") from None
 
 
 def _check_ranges(cfg: DrafterConfig) -> None:

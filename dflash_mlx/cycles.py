@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
 
 from .cache import PromptCache
 from .drafter import Drafter
+from .rollback import Checkpoint
 from .sampling import SamplingParams, log_softmax
 from .target import Target
 
@@ -78,6 +78,7 @@ class Cycles:
             mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
             if progress:
                 progress(start + i + len(chunk), len(tokens))
+        cache.remember()
         return self._queue(0, self.target.lm_head(hidden[:, -1])[0])
 
     def plain(self, token: Union[int, mx.array]) -> Cycle:
@@ -110,12 +111,15 @@ class Cycles:
             drafting = time.perf_counter() - tic
         else:
             mx.async_eval(drafts)  # drafting runs while the verify graph is built
-        hidden, features = target.forward(mx.concatenate([block[0, :1], drafts])[None], cache.target)
+        checkpoint = Checkpoint(cache.target, target.replay)
+        hidden, features = target.forward(
+            mx.concatenate([block[0, :1], drafts])[None], cache.target, checkpoint=checkpoint
+        )
         logits = target.lm_head(hidden)[0]
         accepted, bonus = self.sampling.accept(draft, logits)
         *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
         # Keep [token, accepted drafts] in the target cache; their features become context.
-        trim_prompt_cache(cache.target, size - accepted - 1)
+        checkpoint.rollback(size - accepted - 1)
         cache.tokens += [token] + drafted[:accepted]
         drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))

@@ -35,6 +35,15 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(1 + i * step)) for i in range(num_draft_layers)]
 
 
+def _layer_types(c: dict) -> Optional[list[str]]:
+    """`layer_types`, or, without them, what transformers' Qwen3Config derives: sliding
+    layers from `max_window_layers` on when `use_sliding_window` is set."""
+    if c.get("layer_types") is not None or not c.get("use_sliding_window"):
+        return c.get("layer_types")
+    first = c.get("max_window_layers", 28)
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(c["num_hidden_layers"])]
+
+
 @dataclass
 class DrafterConfig:
     """Everything a drafter needs, read from z-lab's config.json (any of its variants)."""
@@ -60,6 +69,10 @@ class DrafterConfig:
     layer_types: Optional[list[str]] = None
     sliding_window: Optional[int] = None
     is_causal: Optional[bool] = None
+    # dflash_config fields of gemma-4 drafters (z-lab's reference applies them as here):
+    input_embedding_scale: float = 1.0  # the block's raw target embeddings are multiplied by it
+    output_multiplier: float = 1.0  # the drafter's logits are multiplied by it ...
+    final_logit_softcapping: Optional[float] = None  # ... then tanh-capped at +-this (None, 0: off)
     extra: dict = field(default_factory=dict, repr=False)  # unknown keys, kept for export
 
     def __post_init__(self):
@@ -111,9 +124,12 @@ class DrafterConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=c.get("max_position_embeddings", 40960),
             attention_bias=c.get("attention_bias", False),
-            layer_types=c.get("layer_types"),
+            layer_types=_layer_types(c),
             sliding_window=c.get("sliding_window"),
             is_causal=c.get("is_causal"),
+            input_embedding_scale=float(dflash.get("input_embedding_scale", c.get("input_embedding_scale", 1.0))),
+            output_multiplier=float(dflash.get("output_multiplier", c.get("output_multiplier", 1.0))),
+            final_logit_softcapping=dflash.get("final_logit_softcapping", c.get("final_logit_softcapping")),
             extra={k: v for k, v in config.items() if k not in known},
         )
 
@@ -142,6 +158,10 @@ class DrafterConfig:
             dflash_config={"mask_token_id": self.mask_token_id,
                            "target_layer_ids": list(self.target_layer_ids)},
         )
+        for name, off in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                          ("final_logit_softcapping", None)):
+            if getattr(self, name) != off:
+                out["dflash_config"][name] = getattr(self, name)
         if any(t != "full_attention" for t in self.layer_types):
             out.update(layer_types=self.layer_types, sliding_window=self.sliding_window)
         if self.is_causal is not None:
@@ -311,20 +331,32 @@ class Drafter(nn.Module):
 
     def hidden(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
         """Normed hidden states (B-1, hidden) of block positions 1..B-1 of `block` (1, B),
-        fed the target's embedding of it."""
-        return self(target.embed(block), cache)[0, 1:]
+        fed the target's embedding of it (times the config's input_embedding_scale)."""
+        embeddings = target.embed(block)
+        if self.config.input_embedding_scale != 1.0:
+            embeddings = embeddings * self.config.input_embedding_scale
+        return self(embeddings, cache)[0, 1:]
 
     def head(self, h: mx.array, target: "Target") -> mx.array:
-        """Logits (n, vocab) of normed hidden states h (n, hidden), by the target's lm_head.
+        """Logits (n, vocab) of normed hidden states h (n, hidden), by the target's output layer.
         With a draft vocabulary only its rows of the head are computed; other tokens get -inf."""
         if self._draft_vocab is None:
-            return target.lm_head(h)
+            return self._scale_logits(target.head(h))
         if self._head_rows is None or self._head_rows[0] != id(target.model):
             rows = target.head_rows(self._draft_vocab)  # sliced once per target
             mx.eval(rows)
             self._head_rows = (id(target.model), rows)
         logits = mx.full((h.shape[0], target.vocab_size), -mx.inf, dtype=h.dtype)
-        logits[:, self._draft_vocab] = h @ self._head_rows[1].T
+        logits[:, self._draft_vocab] = self._scale_logits(h @ self._head_rows[1].T)
+        return logits
+
+    def _scale_logits(self, logits: mx.array) -> mx.array:
+        """`output_multiplier`, then the tanh soft cap, as z-lab's reference applies them."""
+        cfg = self.config
+        if cfg.output_multiplier != 1.0:
+            logits = logits * cfg.output_multiplier
+        if cfg.final_logit_softcapping:
+            logits = mx.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return logits
 
     def __call__(self, block_embeddings: mx.array, cache: Sequence[KVCache]) -> mx.array:

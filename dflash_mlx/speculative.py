@@ -27,6 +27,7 @@ from .adaptive import BlockSizePolicy
 from .cache import PromptCache
 from .cycles import Cycle, Cycles
 from .drafter import Drafter, check_fit
+from .kernels import metal_ready
 from .sampling import SamplingParams
 from .target import Target
 
@@ -133,6 +134,7 @@ def generate_step(
     stats: Optional[GenerationStats] = None,
     profile: bool = False,
     policy: Optional[BlockSizePolicy] = None,
+    kernels: Optional[bool] = None,
 ) -> Generator[tuple[list[int], int, list[mx.array]], None, None]:
     """Yield, per cycle, the committed tokens, how many of them are accepted drafts
     (they come first), and the target's log-probabilities for each. Runs forever: the
@@ -142,10 +144,14 @@ def generate_step(
     `block_size=None` adapts the block size every cycle with `policy` (by default the
     prompt cache's, which persists across calls that share the cache). Plain steps run
     one ahead: when the caller stops after a token (EOS, a stop string), the step that
-    feeds it is already queued and stays in the prompt cache (never past `max_tokens`)."""
+    feeds it is already queued and stays in the prompt cache (never past `max_tokens`).
+
+    `kernels` runs a quantized target's verify projections through the custom Metal
+    kernel (dflash_mlx.kernels); None: on wherever it can run (an Apple GPU)."""
     _check_args(prompt, block_size, temp)
     stats = stats if stats is not None else GenerationStats()
     target = Target(model, draft_model.config.target_layer_ids if draft_model else ())
+    target.use_kernels(metal_ready() if kernels is None else kernels)
     if draft_model is not None:
         check_fit(
             draft_model.config,
@@ -267,6 +273,7 @@ def stream_generate(
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     profile: bool = False,
     policy: Optional[BlockSizePolicy] = None,
+    kernels: Optional[bool] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate with DFlash speculative decoding, one `GenerationResponse` per token.
 
@@ -275,6 +282,7 @@ def stream_generate(
     or a `prompt_cache`, which keeps its own). The last response has a
     `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens); every
     response's `stats` holds tau, the accepted-length histogram, timings and tokens/s.
+    `kernels=False` turns the custom Metal kernels off (default: on on Apple GPUs).
     """
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
@@ -291,6 +299,7 @@ def stream_generate(
     stats = GenerationStats()
     options = dict(block_size=block_size, max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k)
     options.update(prompt_cache=prompt_cache, prompt_progress_callback=prompt_progress_callback, policy=policy)
+    options.update(kernels=kernels)
     steps = generate_step(tokens, model, draft_model, stats=stats, profile=profile, **options)
     n = 0
     tic = time.perf_counter()

@@ -3,6 +3,11 @@
 mlx-lm models return logits only. Instead of wrapping or patching the user's model, we
 run its own submodules (embedding, decoder layers, final norm, lm_head) in the same
 order its `__call__` does, and keep the outputs of the layers the drafter reads.
+
+`Target` here is the adapter for plain decoders (llama, mistral, qwen2, qwen3, qwen3_moe)
+and the base of the other families' adapters in `targets/`: `Target(model)` picks the
+adapter for the model's type from the registry there. A verify forward can be undone
+with a `rollback.Checkpoint` (see `rollback.py`).
 """
 
 from __future__ import annotations
@@ -11,26 +16,47 @@ from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from .kernels import decoder
+from .rollback import Checkpoint
 
 
 class Target:
     """A read-only view of an mlx-lm decoder: `forward` gives final hidden states and the
     concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i)."""
 
+    kernels = False  # verify projections through the custom kernel: see `use_kernels`
+
+    def __new__(cls, model: nn.Module, capture_layers: Sequence[int] = ()):
+        if cls is Target:  # the family's adapter (a one-line error for an unsupported type)
+            from .targets import adapter_class
+
+            cls = adapter_class(model)
+        return super().__new__(cls)
+
     def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
-        model_type = getattr(model, "model_type", None) or getattr(model.args, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
         self.model = model
-        self.body = model.model
+        # Multimodal wrappers (qwen3_5, gemma4) keep the decoder in `language_model`.
+        self.lm = getattr(model, "language_model", model)
+        self.args = self.lm.args
+        self.body = self.lm.model
         self.layers = self.body.layers
         self.capture_layers = list(capture_layers)
-        self.tied = getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head")
-        self.sliding_window = getattr(self.body, "sliding_window", None)
+        self.tied = getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head")
+        self.window: Optional[int] = getattr(self.body, "sliding_window", None)
+        self.kinds = self.layer_kinds()
+
+    def layer_kinds(self) -> list[str]:
+        """Each layer's mask kind: "full", "sliding" (windowed) or "linear" (recurrent)."""
+        return ["sliding" if getattr(layer, "use_sliding", False) else "full" for layer in self.layers]
+
+    def use_kernels(self, on: bool = True) -> "Target":
+        """With `on`, verify-sized forwards (2..16 tokens) of a quantized model run their
+        projections through the custom kernel (kernels/decoder.py); other forwards, and
+        models it does not know, run the model's own modules. Returns self."""
+        self.kernels = on and decoder.supports(self.layers)
+        return self
 
     @property
     def num_layers(self) -> int:
@@ -38,27 +64,33 @@ class Target:
 
     @property
     def hidden_size(self) -> int:
-        return self.model.args.hidden_size
+        return self.args.hidden_size
 
     @property
     def vocab_size(self) -> int:
-        return self.model.args.vocab_size
+        return self.args.vocab_size
 
     def embed(self, tokens: mx.array) -> mx.array:
+        """The raw embedding rows (any scale the model applies is the forward's business)."""
         return self.body.embed_tokens(tokens)
 
-    def lm_head(self, hidden: mx.array) -> mx.array:
-        """Logits from final (normed) hidden states, as the model's own head computes them."""
+    def head(self, hidden: mx.array) -> mx.array:
+        """The output layer alone (what a drafter's logits go through)."""
         if self.tied:
-            return self.body.embed_tokens.as_linear(hidden)
-        return self.model.lm_head(hidden)
+            embed = self.body.embed_tokens
+            return decoder.as_linear(embed, hidden) if self.kernels else embed.as_linear(hidden)
+        return decoder.linear(self.lm.lm_head, hidden) if self.kernels else self.lm.lm_head(hidden)
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        """Logits from final (normed) hidden states, as the model's own `__call__` computes them."""
+        return self.head(hidden)
 
     def head_rows(self, ids: mx.array) -> mx.array:
         """The output matrix's rows for token `ids` (n, hidden), dequantized if needed:
-        `h @ head_rows(ids).T` are those tokens' logits."""
+        `h @ head_rows(ids).T` are those tokens' `head` outputs."""
         if self.tied:
             return self.body.embed_tokens(ids)  # an embedding lookup dequantizes its rows
-        head = self.model.lm_head
+        head = self.lm.lm_head
         if hasattr(head, "scales"):
             biases = head.biases[ids] if getattr(head, "biases", None) is not None else None
             return mx.dequantize(head.weight[ids], head.scales[ids], biases, group_size=head.group_size,
@@ -66,23 +98,36 @@ class Target:
         return head.weight[ids]
 
     def _masks(self, h: mx.array, cache: Sequence[Any]) -> list[Any]:
-        sliding = [getattr(layer, "use_sliding", False) for layer in self.layers]
-        full = create_attention_mask(h, cache[sliding.index(False)] if False in sliding else None)
-        if not any(sliding):
-            return [full] * len(self.layers)
-        window = create_attention_mask(h, cache[sliding.index(True)], window_size=self.sliding_window)
-        return [window if s else full for s in sliding]
+        """One mask per layer, made once per kind from the first cache of that kind."""
+        made: dict[str, Any] = {}
+        for kind, c in zip(self.kinds, cache):
+            if kind not in made:
+                if kind == "linear":
+                    made[kind] = create_ssm_mask(h, c)
+                else:
+                    made[kind] = create_attention_mask(h, c, window_size=self.window if kind == "sliding" else None)
+        return [made[kind] for kind in self.kinds]
 
-    def forward(self, tokens: mx.array, cache: Sequence[Any], capture: bool = True
-                ) -> tuple[mx.array, Optional[mx.array]]:
-        """tokens: (1, L). Returns (normed hidden (1, L, hidden), features (1, L, k * hidden) or None)."""
+    def _features(self, captured: dict[int, mx.array]) -> Optional[mx.array]:
+        return mx.concatenate([captured[i] for i in self.capture_layers], axis=-1) if captured else None
+
+    def forward(self, tokens: mx.array, cache: Sequence[Any], capture: bool = True,
+                checkpoint: Optional[Checkpoint] = None) -> tuple[mx.array, Optional[mx.array]]:
+        """tokens: (1, L). Returns (normed hidden (1, L, hidden), features (1, L, k * hidden) or None).
+        With a `checkpoint`, the inputs of the layers it may have to replay are recorded."""
         h = self.embed(tokens)
         captured = {}
         wanted = set(self.capture_layers) if capture else set()
+        explicit = self.kernels and decoder.MIN_ROWS <= tokens.shape[1] <= decoder.MAX_ROWS
         for i, (layer, c, mask) in enumerate(zip(self.layers, cache, self._masks(h, cache))):
-            h = layer(h, mask, c)
+            if checkpoint is not None:
+                checkpoint.record(i, h)
+            h = decoder.decoder_layer(layer, h, mask, c) if explicit else layer(h, mask, c)
             if i in wanted:
                 captured[i] = h
-        features = (mx.concatenate([captured[i] for i in self.capture_layers], axis=-1)
-                    if captured else None)
-        return self.body.norm(h), features
+        return self.body.norm(h), self._features(captured)
+
+    def replay(self, layer: int, inputs: mx.array, cache: Any) -> None:
+        """Feed a recurrent layer's `inputs` (1, n, hidden) through it again, to rebuild
+        its cache (see `rollback.py`); plain decoders have no recurrent layers."""
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent layers to replay")

@@ -28,6 +28,8 @@ SLOW_MODULES = {
     "test_train.py",
     "test_train_distributed.py",
     "test_app_real.py",
+    "test_targets_sampling.py",
+    "test_targets_zlab.py",
 }
 
 

@@ -22,7 +22,8 @@ import pytest
 
 from dflash_mlx import generate_step, load_draft, stream_generate
 from dflash_mlx.drafter import Drafter, DrafterConfig, save_drafter
-from dflash_mlx.target import SUPPORTED_MODEL_TYPES, Target
+from dflash_mlx.target import Target
+from dflash_mlx.targets import SUPPORTED_MODEL_TYPES
 
 from conftest import smollm2_drafter_config as smol_config
 

@@ -46,3 +46,19 @@ def test_bench_compares_draft_vocabularies(default_model_dir, tmp_path):
     assert rows["mlx-lm"]["draft_ms"] is None
     assert rows["dflash-mlx (ours)"]["draft_ms"] > 0 and rows["dflash-mlx vocab 300"]["draft_ms"] > 0
     assert "| draft ms |" in markdown_table(report)
+
+
+def test_bench_kernels_table(default_model_dir, tmp_path, monkeypatch):
+    """`dflash bench --kernels`: a row per M; off a Mac it says plainly the kernel did not run."""
+    from app import bench_kernels
+
+    out, full = tmp_path / "kernels.json", bench_kernels.run_kernel_bench
+    monkeypatch.setattr(bench_kernels, "run_kernel_bench", lambda model, progress: full(model, progress, (1, 4), 1))
+    result = CliRunner().invoke(app, ["bench", "--kernels", "--model", str(default_model_dir), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [r["m"] for r in report["rows"]] == [1, 4] and report["projections_per_layer"] == 7
+    assert report["kernel_path_used"] and "quantized here to 4 bits" in report["quantization"]
+    if not report["metal"]:
+        assert "the kernel cannot run" in result.output and all(r["kernel_us"] is None for r in report["rows"])
+    assert all(r["verify_ms_own"] > 0 and r["verify_ms_kernel_path"] > 0 for r in report["rows"])

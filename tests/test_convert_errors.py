@@ -124,8 +124,17 @@ def test_config_fields(tmp_path, src, out, config):
                            ({"dflash_config": {"mask_token_id": 10**6, "target_layer_ids": IDS}},
                             "mask_token_id"),
                            ({"architectures": ["DFlash2DraftModel"]}, "lacks dflash_config.conv_kernel_size"),
-                           ({"dflash_config": {**config["dflash_config"], "output_multiplier": 2.0}},
-                            "output_multiplier")]:
+                           ({"dflash_config": {**config["dflash_config"], "output_multiplier": "2"}},
+                            "output_multiplier must be a positive number"),
+                           ({"dflash_config": {**config["dflash_config"], "final_logit_softcapping": -1.0}},
+                            "final_logit_softcapping"),
+                           ({"rope_scaling": {"rope_type": "unheard-of", "factor": 2.0}}, "rope_scaling"),
+                           ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}},
+                            "truncate"),
+                           ({"hidden_act": "gelu"}, "hidden_act"),
+                           ({"mlp_bias": True}, "mlp_bias"),
+                           ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+                            "partial_rotary_factor")]:
         (src / "config.json").write_text(json.dumps({**config, **change}))
         assert_fails(cli("convert", src, out), out, needle)
     (src / "config.json").write_text("{not json")

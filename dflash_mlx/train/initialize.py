@@ -54,7 +54,7 @@ def make_config(target: Target, *, num_layers: int = 5, target_layer_ids: Option
                 num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None) -> DrafterConfig:
     """A drafter config for `target`: hidden size, head dims, RoPE and vocabulary follow the
     target; depth, feature layers and block size are the paper's defaults unless given."""
-    args = target.model.args
+    args = target.args  # the text model's (multimodal wrappers nest it)
     heads = num_heads or args.num_attention_heads
     ids = list(target_layer_ids) if target_layer_ids else training_layer_ids(target.num_layers)
     return DrafterConfig(
@@ -64,9 +64,18 @@ def make_config(target: Target, *, num_layers: int = 5, target_layer_ids: Option
         num_target_layers=target.num_layers, target_layer_ids=ids, mask_token_id=int(mask_token_id),
         block_size=block_size, head_dim=getattr(args, "head_dim", None) or args.hidden_size // heads,
         rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6), rope_theta=getattr(args, "rope_theta", 10000.0),
-        rope_scaling=getattr(args, "rope_scaling", None),
+        rope_scaling=_rope_scaling(args),
         max_position_embeddings=getattr(args, "max_position_embeddings", None) or 40960,
     )
+
+
+def _rope_scaling(args) -> Optional[dict]:
+    """The target's rope scaling for the drafter, unless it is the default kind (Qwen3.5's
+    `rope_parameters` also carry a partial rotary factor and M-RoPE sections that a
+    drafter's full rotary embedding does not use)."""
+    scaling = getattr(args, "rope_scaling", None)
+    kind = (scaling or {}).get("type", (scaling or {}).get("rope_type", "default"))
+    return scaling if kind != "default" else None
 
 
 _LAYER_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -1,0 +1,117 @@
+"""Undoing a verify: the one place that knows how to take rejected tokens back out of
+every kind of target cache.
+
+After a rejected draft the target's state must be exactly what it would be had it
+seen only the accepted tokens. Per cache kind:
+
+- `KVCache` (and `QuantizedKVCache`): trim, as mlx-lm does.
+- `RotatingKVCache` (sliding-window layers): a multi-token update (every verify has at
+  least two tokens) leaves the cache in temporal order holding its last `max_size - 1`
+  old tokens plus the new ones, so the rejected tokens are simply the last entries:
+  slice them off. This stays exact after the window has wrapped, where mlx-lm's `trim`
+  refuses, and costs nothing (no recompute, no copy).
+- `ArraysCache` (gated-delta layers: a conv window and a recurrent state): restore the
+  arrays held before the verify and feed the accepted tokens' inputs to that layer again,
+  through the model's own module. Why this and not per-token states or a tape replay:
+  both need a private copy of mlx-lm's `GatedDeltaNet.__call__` (two variants: qwen3_5
+  and qwen3_next) or a patch of it; re-running the module keeps mlx-lm's exact code path
+  (its Metal kernel included) and needs no copy at all. Cost per cycle that rejects a
+  draft (none when every draft is accepted): for each linear-attention layer, its input
+  projections (`in_proj_qkv`, `in_proj_a`, `in_proj_b`), conv and recurrence over the
+  accepted+1 tokens. The layer's output is never read, so MLX's lazy graph skips the
+  z / norm / out_proj half. On a Mac decoding is bound by weight reads: this re-reads
+  `in_proj_qkv` of every linear layer once per rejecting cycle, roughly a fifth of such
+  a layer's weights (estimated from Qwen3.5's shapes, not measured: on the order of 10-15%
+  of a target step). A tape of the projections (replaying only the
+  recurrence) would remove that, at the price of owning a copy of the mixer's forward.
+
+Saving the states costs nothing either: mlx-lm replaces these arrays on update (it
+never writes into them), so a checkpoint holds references, not copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
+
+#: replay(layer index, that layer's inputs (1, n, hidden), its cache): rebuild the cache.
+Replay = Callable[[int, mx.array, Any], None]
+
+
+class Checkpoint:
+    """What undoing one verify forward needs: the recurrent layers' states before it,
+    and (recorded by the forward) those layers' inputs during it."""
+
+    def __init__(self, cache: Sequence[Any], replay: Replay):
+        self.cache, self.replay = cache, replay
+        self.states = {i: list(c.cache) for i, c in enumerate(cache) if isinstance(c, ArraysCache)}
+        self.inputs: dict[int, mx.array] = {}
+
+    def record(self, layer: int, inputs: mx.array) -> None:
+        """Keep layer `layer`'s input (1, L, hidden) if the layer is recurrent."""
+        if layer in self.states:
+            self.inputs[layer] = inputs
+
+    def rollback(self, drop: int) -> None:
+        """Take the verify's last `drop` tokens back out of every layer's cache."""
+        if drop <= 0:
+            return
+        for i, c in enumerate(self.cache):
+            if isinstance(c, ArraysCache):
+                c.cache = list(self.states[i])
+                inputs = self.inputs[i]
+                self.replay(i, inputs[:, : inputs.shape[1] - drop], c)
+            elif isinstance(c, RotatingKVCache):
+                _drop_rotating(c, drop)
+            elif c.is_trimmable():
+                c.trim(drop)
+            else:
+                raise ValueError(f"a {type(c).__name__} target cache cannot be rolled back")
+
+
+def _drop_rotating(c: RotatingKVCache, drop: int) -> None:
+    """Remove the last `drop` entries of a rotating cache right after a multi-token update."""
+    if c.keys is None or c._idx != c.keys.shape[2] or drop >= c.keys.shape[2]:
+        raise ValueError("a RotatingKVCache can only be rolled back right after a multi-token update")
+    end = c.keys.shape[2] - drop
+    c.keys, c.values = c.keys[..., :end, :], c.values[..., :end, :]
+    c.offset -= drop
+    c._idx = end
+
+
+class Mark:
+    """A hybrid cache as it was after its first `length` tokens (the end of a prompt), so
+    that a later turn that keeps at least those can go back there instead of starting
+    over: its KV layers are trimmed back, its recurrent layers' states kept by reference."""
+
+    def __init__(self, cache: Sequence[Any], length: int):
+        self.length = length
+        self.states = {i: list(c.cache) for i, c in enumerate(cache) if isinstance(c, ArraysCache)}
+
+    @staticmethod
+    def take(cache: Sequence[Any], length: int) -> Optional["Mark"]:
+        """A mark, where one is needed (recurrent layers) and possible (no rotating cache:
+        mlx-lm writes into those in place, a reference would not hold still)."""
+        recurrent = [isinstance(c, ArraysCache) for c in cache]
+        kv = [not r and not isinstance(c, RotatingKVCache) and c.is_trimmable() for c, r in zip(cache, recurrent)]
+        return Mark(cache, length) if any(recurrent) and all(r or k for r, k in zip(recurrent, kv)) else None
+
+
+def rewind(cache: Sequence[Any], held: int, keep: int, mark: Optional[Mark] = None) -> Optional[int]:
+    """Make a cache that holds `held` tokens hold its first `keep` only, between generations
+    (multi-turn reuse). Returns how many it holds now: `keep`, or the `mark`'s length when
+    only the mark can take it below `held`; None when it must start over (a recurrent
+    state with no usable mark, a wrapped window)."""
+    if keep >= held or can_trim_prompt_cache(cache):
+        trim_prompt_cache(cache, held - keep)
+        return keep
+    if mark is None or mark.length > keep:
+        return None
+    for i, c in enumerate(cache):
+        if isinstance(c, ArraysCache):
+            c.cache = list(mark.states[i])
+        else:
+            c.trim(held - mark.length)
+    return mark.length

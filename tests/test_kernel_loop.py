@@ -1,0 +1,141 @@
+"""The decoding loop with the verify kernels on: still lossless.
+
+Metal cannot run here, so `kernels=True` runs the explicit verify forward
+(dflash_mlx/kernels/decoder.py) with `verify_qmm`'s exact fallback: the code path the
+loop takes on a Mac, minus the kernel itself (tested in test_kernels.py). Tiny random
+quantized targets built with mlx-lm's own classes, float32; reference: mlx-lm's greedy.
+"""
+
+from __future__ import annotations
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_map
+from mlx_lm.generate import generate_step as mlx_lm_generate_step
+from mlx_lm.models.cache import make_prompt_cache as make_target_cache
+from mlx_lm.utils import _get_classes
+
+from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.kernels import decoder, metal_ready
+from dflash_mlx.speculative import GenerationStats, generate_step
+from dflash_mlx.target import Target
+
+VOCAB, HIDDEN, LAYERS = 256, 64, 4
+FAMILIES = {  # model type: (bits, group size, extra ModelArgs)
+    "llama": (4, 64, dict(tie_word_embeddings=False)),
+    "qwen2": (8, 32, dict(tie_word_embeddings=True)),
+    "qwen3": (4, 32, dict(tie_word_embeddings=True, head_dim=16)),
+}
+PROMPT = [5, 17, 99, 3, 42, 42, 7, 180, 64, 1, 250, 9]
+MAX_TOKENS = 24
+
+
+def tiny_target(model_type: str, quantize: bool = True) -> nn.Module:
+    bits, group_size, extra = FAMILIES[model_type]
+    model_class, args_class = _get_classes({"model_type": model_type})
+    args = dict(model_type=model_type, hidden_size=HIDDEN, num_hidden_layers=LAYERS, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,
+                rope_theta=10_000.0, max_position_embeddings=512, **extra)
+    mx.random.seed(3)
+    model = model_class(args_class.from_dict(args))
+    model.update(tree_map(lambda p: 3 * p, model.parameters()))  # livelier than the default init: varied greedy text
+    if quantize:
+        nn.quantize(model, group_size=group_size, bits=bits)
+    mx.eval(model.parameters())
+    return model
+
+
+def tiny_drafter(block_size: int = 8) -> Drafter:
+    config = DrafterConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=64, vocab_size=VOCAB, num_target_layers=LAYERS, target_layer_ids=[1, 2],
+                           mask_token_id=0, block_size=block_size)
+    mx.random.seed(1)
+    drafter = Drafter(config)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+class TruthDrafter(Drafter):
+    """Proposes the reference continuation with draft 5 of every block wrong: four drafts
+    accepted, then a rejection, so the verify's logits and the rollback both count."""
+
+    def __init__(self, generated: list[int]):
+        super().__init__(tiny_drafter().config)
+        self.truth = PROMPT + generated + [0] * 16  # by position
+
+    def propose(self, block, cache, target):
+        start = cache[0].offset  # the position of block[0]
+        tokens = [self.truth[start + k] for k in range(1, block.shape[1])]
+        tokens = [(t + 1) % VOCAB if k == 5 else t for k, t in enumerate(tokens, 1)]
+        return mx.where(mx.arange(VOCAB)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
+
+
+def mlx_lm_greedy(model) -> list[int]:
+    steps = mlx_lm_generate_step(mx.array(PROMPT), model, max_tokens=MAX_TOKENS)
+    return [int(t) for t, _ in steps]
+
+
+def dflash_greedy(model, drafter, stats=None, **kw) -> list[int]:
+    out = []
+    for committed, _, _ in generate_step(PROMPT, model, drafter, block_size=8, stats=stats, **kw):
+        out += committed
+        if len(out) >= MAX_TOKENS:
+            return out[:MAX_TOKENS]
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the projections that went to verify_qmm (our own function, not the model), and
+    runs them on its exact fallback, so the checks here are bit-exact on a Mac too (the
+    kernel itself is checked in test_kernels.py)."""
+    calls = []
+    real = decoder.verify_qmm
+
+    def counting(x, *args, **kwargs):
+        calls.append(x.shape)
+        return real(x, *args, use_kernel=False)
+
+    monkeypatch.setattr(decoder, "verify_qmm", counting)
+    return calls
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
+    """Bit for bit, on a verify-sized block after a cached prefix (the fallback computes what the module does)."""
+    model = tiny_target(model_type)
+    own, explicit = Target(model, [1, 2]), Target(model, [1, 2]).use_kernels()
+    assert explicit.kernels and not own.kernels
+    caches = [make_target_cache(model), make_target_cache(model)]
+    for target, cache in zip((own, explicit), caches):
+        target.forward(mx.array([PROMPT]), cache)
+    kernel_calls.clear()
+    block = mx.array([[4, 8, 15, 16, 23, 42, 108, 7]])
+    (h_own, f_own), (h_exp, f_exp) = (t.forward(block, c) for t, c in zip((own, explicit), caches))
+    assert mx.array_equal(h_own, h_exp).item() and mx.array_equal(f_own, f_exp).item()
+    assert mx.array_equal(own.lm_head(h_own), explicit.lm_head(h_exp)).item()
+    assert len(kernel_calls) == 7 * LAYERS + 1  # every projection of every layer, and the head
+    assert all(shape[-2] == 8 for shape in kernel_calls)
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_greedy_with_kernels_is_token_identical(model_type, kernel_calls):
+    model = tiny_target(model_type)
+    reference = mlx_lm_greedy(model)
+    assert len(set(reference)) > MAX_TOKENS // 2, reference  # a varied text, not one token repeated
+    assert dflash_greedy(model, tiny_drafter(), kernels=True) == reference  # random drafter: rejections
+    assert kernel_calls, "the verify never went through verify_qmm"
+    stats = GenerationStats()
+    assert dflash_greedy(model, TruthDrafter(reference), stats, kernels=True) == reference
+    assert set(stats.accepted_lengths[:-1]) == {5}  # the last block runs past the reference
+
+
+def test_kernels_stay_off_where_they_cannot_help(kernel_calls):
+    """Unquantized models run their own modules; by default the kernels are on only on Apple GPUs."""
+    assert not Target(tiny_target("qwen3", quantize=False)).use_kernels().kernels
+    model = tiny_target("llama")
+    assert dflash_greedy(model, tiny_drafter(), kernels=False) == mlx_lm_greedy(model)
+    assert kernel_calls == []
+    dflash_greedy(model, tiny_drafter())
+    assert bool(kernel_calls) == metal_ready()

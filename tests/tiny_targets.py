@@ -1,0 +1,91 @@
+"""Tiny random instances of every supported target family, built with mlx-lm's own
+`Model(ModelArgs(...))`: a few layers, width 64, vocabulary 256, float32. Each has the
+layer kinds its family mixes (gated-delta and full attention; sliding-window and full
+attention with a window of 8, far shorter than the prompts; MoE blocks; gemma-4's
+shared K/V and per-layer inputs)."""
+
+from __future__ import annotations
+
+import importlib
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+
+VOCAB = 256
+HIDDEN = 64
+WINDOW = 8
+
+_LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+               linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2)
+_COMMON = dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+               rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
+            norm_topk_prob=True, mlp_only_layers=[])
+
+ARGS = {
+    "qwen3": dict(**_COMMON, num_hidden_layers=4, intermediate_size=128, rope_theta=10000.0),
+    "qwen3_moe": dict(**_COMMON, **_MOE, num_hidden_layers=4, intermediate_size=128, rope_theta=10000.0),
+    "qwen3_5": dict(text_config=dict(**_COMMON, **_LINEAR, model_type="qwen3_5", num_hidden_layers=4,
+                                     intermediate_size=128)),
+    "qwen3_5_moe": dict(text_config=dict(**_COMMON, **_LINEAR, **_MOE, model_type="qwen3_5_moe", num_hidden_layers=4,
+                                         intermediate_size=128, shared_expert_intermediate_size=32)),
+    "qwen3_next": dict(**_COMMON, **_LINEAR, **_MOE, num_hidden_layers=4, intermediate_size=128, rope_theta=10000.0,
+                       partial_rotary_factor=0.25, shared_expert_intermediate_size=32),
+    "gpt_oss": dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                    num_hidden_layers=4, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=WINDOW, rope_theta=10000,
+                    layer_types=["sliding_attention", "full_attention"] * 2),
+    "gemma4_text": dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        global_head_dim=32, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB,
+                        num_hidden_layers=6, intermediate_size=64, num_kv_shared_layers=3,
+                        hidden_size_per_layer_input=8, sliding_window=WINDOW,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                        final_logit_softcapping=5.0, tie_word_embeddings=True),
+}
+ARGS["gemma4"] = dict(vocab_size=VOCAB, text_config=dict(ARGS["gemma4_text"], model_type="gemma4_text"))
+
+FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gemma4_text", "gemma4"]
+
+
+def tiny_target(family: str, seed: int = 0, scale: float = 1.0):
+    """A float32 random `family` model. `scale` multiplies every weight matrix (larger
+    weights give sharper, more varied greedy continuations than the init's near-uniform ones)."""
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(dict(ARGS[family], model_type=family)))
+    if scale != 1.0:
+        from mlx.utils import tree_map
+
+        model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+def save_tiny_target(family: str, path, tokenizer_dir, vocab_size: int, seed: int = 0, scale: float = 2.0):
+    """A tiny random `family` model saved as an mlx-lm model directory (config.json,
+    model.safetensors and the tokenizer files of `tokenizer_dir`), for `mlx_lm.load`,
+    `dflash generate --model` and the rest. Returns the path."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from mlx.utils import tree_flatten
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    args = json.loads(json.dumps(ARGS[family]))
+    for config in (args, args.get("text_config")):
+        if config is not None and "vocab_size" in config:
+            config["vocab_size"] = vocab_size
+            config.pop("vocab_size_per_layer_input", None)
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(dict(args, model_type=family)))
+    from mlx.utils import tree_map
+
+    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(dict(args, model_type=family), indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer_dir) / name, path / name)
+    return path
