@@ -537,3 +537,16 @@ def run_dflash_generate(drafter, target, input_ids, max_new_tokens, stop_token_i
                              stop_token_ids, temperature=0.0, block_size=block_size,
                              return_stats=False)
     return out[0].tolist()
+
+
+def zlab_generate(model, drafter, tokenizer, prompt, max_tokens: int, block_size: int):
+    """Greedy decoding with z-lab's MLX loop: (tokens, tokens committed per cycle)."""
+    from dflash import model_mlx
+
+    tokens, cycles = [], []
+    for r in model_mlx.stream_generate(model, drafter, tokenizer, prompt, block_size=block_size,
+                                       max_tokens=max_tokens, temperature=0.0):
+        tokens += r.tokens
+        if r.accepted is not None:
+            cycles.append(r.accepted)
+    return tokens, cycles
