@@ -131,8 +131,8 @@ def draft_milliseconds(model, drafter, context: int = 256, repeats: int = 20) ->
 
     target, B = Target(model), drafter.config.block_size
     cache = drafter.make_cache()
-    features = mx.random.normal((1, context, len(drafter.config.target_layer_ids) * target.hidden_size))
-    drafter.append_context(features.astype(target.embed(mx.array([[0]])).dtype), cache)
+    width = len(drafter.config.target_layer_ids) * target.hidden_size
+    drafter.append_context(mx.random.normal((1, context, width), dtype=drafter.fc.weight.dtype), cache)
     block = mx.array([[0] + [drafter.config.mask_token_id] * (B - 1)])
     times = []
     for _ in range(repeats + 1):

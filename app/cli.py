@@ -9,6 +9,7 @@ stays quick.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -247,6 +248,12 @@ def serve(
         kernels=False if no_kernels else None,
     )
     run_server(worker, host, port)
+    # Stopped cleanly. MLX can abort in interpreter teardown while arrays of the ended
+    # worker thread are freed ("terminate called without an active exception"), more
+    # often on a loaded machine: leave without the teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 from app.train_cli import data_command, draft_vocab_command, eval_command, train_command  # noqa: E402

@@ -24,7 +24,8 @@ from dflash_mlx.drafter import build_drafter
 from dflash_mlx.drafter2 import Drafter2
 
 from conftest import SMOLLM2
-from test_reference_parity import _chat, _ours_generate, _step_inputs, _zlab_generate
+from test_reference_parity import _chat, _ours_generate, _step_inputs
+from zlab_reference import zlab_generate
 
 try:
     import zlab_reference as zr
@@ -165,7 +166,7 @@ def test_greedy_tokens_equal_zlab_mlx_dflash2(default_model, zlab_target, smol2_
     assert isinstance(ours, Drafter2) and type(theirs).__name__ == "DFlash2DraftModel"
     prompt = _chat(tokenizer, text)
     max_tokens = 40
-    want, their_cycles = _zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
+    want, their_cycles = zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
     got, our_cycles = _ours_generate(model, ours, tokenizer, prompt, max_tokens, block_size)
     assert got == want
     assert our_cycles[: len(their_cycles) - 1] == their_cycles[:-1]

@@ -28,6 +28,7 @@ from dflash_mlx.drafter import build_drafter
 from dflash_mlx.target import Target
 
 from conftest import SMOLLM2
+from zlab_reference import zlab_generate
 
 try:
     import zlab_reference as zr
@@ -229,18 +230,6 @@ def _chat(tokenizer, text: str) -> list[int]:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
 
 
-def _zlab_generate(target, drafter, tokenizer, prompt, max_tokens, block_size):
-    from dflash import model_mlx
-
-    tokens, cycles = [], []
-    for r in model_mlx.stream_generate(target, drafter, tokenizer, prompt, block_size=block_size,
-                                       max_tokens=max_tokens, temperature=0.0):
-        tokens += r.tokens
-        if r.accepted is not None:
-            cycles.append(r.accepted)  # tokens committed by this cycle
-    return tokens, cycles
-
-
 def _ours_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
     responses = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens,
                                      block_size=block_size))
@@ -263,7 +252,7 @@ def test_greedy_tokens_equal_zlab_mlx(default_model, zlab_target, smol_drafters,
     prompt = _chat(tokenizer, text)
 
     max_tokens = 48  # z-lab counts the prefill token too, as we do
-    want, their_cycles = _zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
+    want, their_cycles = zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
     got, our_cycles = _ours_generate(model, ours, tokenizer, prompt, max_tokens, block_size)
     assert got == want
     assert len(want) == max_tokens or want[-1] in tokenizer.eos_token_ids

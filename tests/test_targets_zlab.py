@@ -22,6 +22,7 @@ from dflash_mlx.speculative import stream_generate
 from dflash_mlx.target import Target
 from test_targets import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of, reference
 from tiny_targets import HIDDEN, VOCAB, tiny_target
+from zlab_reference import zlab_generate
 
 try:
     import zlab_reference as zr
@@ -41,18 +42,6 @@ def _save_random_drafter(target: Target, path, seed: int, **fields) -> None:
     save_drafter(drafter, path)
 
 
-def _zlab_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
-    from dflash import model_mlx
-
-    tokens, cycles = [], []
-    for r in model_mlx.stream_generate(model, drafter, tokenizer, prompt, block_size=block_size,
-                                       max_tokens=max_tokens, temperature=0.0):
-        tokens += r.tokens
-        if r.accepted is not None:
-            cycles.append(r.accepted)
-    return tokens, cycles
-
-
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_qwen3_5_greedy_equals_zlab_mlx(default_model, tmp_path, block_size):
     _, tokenizer = default_model  # only detokenizes; the tiny vocabulary's ids are valid in it
@@ -65,7 +54,7 @@ def test_qwen3_5_greedy_equals_zlab_mlx(default_model, tmp_path, block_size):
     accepted = []
     for seed, length in [(1, 6), (2, 21)]:
         prompt = prompt_of(length, seed)
-        want, their_cycles = _zlab_generate(theirs_model, theirs_drafter, tokenizer, prompt, 40, block_size)
+        want, their_cycles = zlab_generate(theirs_model, theirs_drafter, tokenizer, prompt, 40, block_size)
         responses = list(stream_generate(model, tokenizer, prompt, ours_drafter, max_tokens=40, block_size=block_size))
         assert [r.token for r in responses] == want
         ours = responses[-1].stats.accepted_lengths
@@ -115,7 +104,7 @@ def test_qwen3_5_scripted_drafters_equal_zlab_mlx(default_model):
         prompt = prompt_of(length, 20 + i)
         truth = prompt + reference(model, prompt, 40) + [0] * BLOCK
         corrupt = lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k)  # noqa: E731
-        want, their_cycles = _zlab_generate(theirs_model, _zlab_scripted_drafter(target, truth, corrupt), tokenizer,
+        want, their_cycles = zlab_generate(theirs_model, _zlab_scripted_drafter(target, truth, corrupt), tokenizer,
                                             prompt, 40, BLOCK)
         responses = list(stream_generate(model, tokenizer, prompt, ScriptedDrafter(target, truth, corrupt),
                                          max_tokens=40, block_size=BLOCK))

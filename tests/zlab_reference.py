@@ -7,7 +7,8 @@ in conformance tests. It needs ``torch`` (CPU) and ``dflash==0.1.0``; use
 them. torch and dflash are imported lazily, inside the functions.
 
 Facts about z-lab's API (read from the installed 0.1.0 sources)
-================================================================
+=========================================================
+
 
 PyTorch side, ``dflash.model``
 ------------------------------
@@ -590,3 +591,16 @@ def torch_select(torch_model, hidden, logits, anchor: int) -> list[int]:
             torch.from_numpy(np.ascontiguousarray(hidden[:, 1:])),
             torch.from_numpy(np.ascontiguousarray(logits[:, 1:])), torch.tensor([int(anchor)]), 0.0)
     return path[0].tolist()
+
+
+def zlab_generate(model, drafter, tokenizer, prompt, max_tokens: int, block_size: int):
+    """Greedy decoding with z-lab's MLX loop: (tokens, tokens committed per cycle)."""
+    from dflash import model_mlx
+
+    tokens, cycles = [], []
+    for r in model_mlx.stream_generate(model, drafter, tokenizer, prompt, block_size=block_size,
+                                       max_tokens=max_tokens, temperature=0.0):
+        tokens += r.tokens
+        if r.accepted is not None:
+            cycles.append(r.accepted)
+    return tokens, cycles
