@@ -3,8 +3,11 @@
 So that a Mac user can check the kernel's gain on their own target with one command: for
 each M, one decoder layer's projections (`mx.quantized_matmul` vs `verify_qmm`) and a
 whole verify forward of M tokens with the logits (the model's own modules vs the kernel
-path), which is the part of a DFlash cycle the kernel changes. Where Metal cannot run
-(Linux), the report says so plainly and times the fallback only.
+path), which is the part of a DFlash cycle the kernel changes. For a hybrid gated-delta
+target also one rollback of every gated-delta layer after a 16-token verify, keeping
+1..15 tokens: the module replay (kernels off) against the tape replay through the
+`gated_delta_replay` kernel. Where Metal cannot run (Linux), the report says so plainly:
+the verify kernel's column is empty and the replay is not measured.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Callable, Optional, Sequence
 ROWS = range(1, 17)
 PREFIX = 64  # tokens in the cache before each timed verify
 REPEATS = 5
+REPLAY_BLOCK = 16  # the verify a timed rollback undoes
+REPLAY_KEEP = (1, 4, 8, 15)  # tokens it keeps
 
 
 def _seconds(step: Callable[[], None], repeats: int = REPEATS) -> float:
@@ -44,6 +49,53 @@ def _quantized_target(model_path: Optional[str]):
         nn.quantize(model, group_size=64, bits=4)  # our own loaded copy, for the timing only
         note = "not quantized as loaded: quantized here to 4 bits, group 64"
     return model, note
+
+
+def replay_times(model, repeats: int = REPEATS) -> tuple[Optional[list[dict]], str]:
+    """(ms per rollback of all gated-delta layers for each kept count in REPLAY_KEEP, module
+    replay vs tape + replay kernel, or None; why not measured, or "")."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+    from dflash_mlx.kernels import metal_ready
+    from dflash_mlx.rollback import Checkpoint
+    from dflash_mlx.target import Target
+
+    own, taped = Target(model), Target(model).use_kernels()
+    if not metal_ready():
+        return None, "not measured: no Metal GPU here (the replay kernel runs only on a Mac)"
+    if not taped.kernels:
+        return None, "not measured: the target has no gated-delta layers the tape path knows"
+    marks = {}
+    for target in (own, taped):  # the same verify twice: recorded inputs (own), tapes (taped)
+        cache = make_prompt_cache(model)
+        target.forward(mx.array([[1] * PREFIX]), cache, capture=False)
+        marks[target] = Checkpoint(cache, target.replay)
+        target.forward(mx.array([[2] * REPLAY_BLOCK]), cache, capture=False, checkpoint=marks[target])
+        mark = marks[target]
+        mx.eval(mark.states, mark.inputs, [vars(t) for t in mark.tapes.values()])
+    layers = sorted(marks[taped].tapes)
+
+    def rollback(kernel: bool, keep: int) -> Callable[[], None]:
+        def step():
+            caches = []
+            for i in layers:
+                mark, c = marks[taped if kernel else own], ArraysCache(2)
+                c.cache = list(mark.states[i])
+                if kernel:
+                    mark.tapes[i].rewind(c, REPLAY_BLOCK - keep)
+                else:
+                    own.replay(i, mark.inputs[i][:, :keep], c)
+                caches.append(c.cache)
+            mx.eval(caches)
+
+        return step
+
+    return [
+        {"tokens": keep, "module_ms": 1e3 * _seconds(rollback(False, keep), repeats),
+         "kernel_ms": 1e3 * _seconds(rollback(True, keep), repeats)}
+        for keep in REPLAY_KEEP
+    ], ""
 
 
 def run_kernel_bench(
@@ -111,6 +163,7 @@ def run_kernel_bench(
                 "verify_ms_kernel_path": 1e3 * _seconds(verify(m, True), repeats),
             }
         )
+    replay, replay_note = replay_times(model, repeats)
     return {
         "model": str(model_path or default_model_path()),
         "quantization": note,
@@ -118,6 +171,8 @@ def run_kernel_bench(
         "kernel_path_used": targets[True].kernels,
         "projections_per_layer": len(projections),
         "rows": results,
+        "replay": replay,
+        "replay_note": replay_note,
     }
 
 
@@ -150,4 +205,17 @@ def kernel_table(report: dict) -> str:
             f"| {r['m']} | {r['quantized_matmul_us']:.0f} | {kernel} | {gain} | {r['verify_ms_own']:.2f} "
             f"| {r['verify_ms_kernel_path']:.2f} | {r['verify_ms_own'] / r['verify_ms_kernel_path']:.2f}x |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _replay_lines(report))
+
+
+def _replay_lines(report: dict) -> list[str]:
+    """The gated-delta rollback part of the report: a table, or why there is none."""
+    head = f"Gated-delta rollback after a {REPLAY_BLOCK}-token verify (all gated-delta layers)"
+    if report.get("replay") is None:
+        return ["", f"{head}: {report.get('replay_note') or 'not measured'}."]
+    lines = ["", head + ":", "", "| tokens kept | module replay ms | replay kernel ms | speed-up |",
+             "|---:|---:|---:|---:|"]
+    for r in report["replay"]:
+        lines.append(f"| {r['tokens']} | {r['module_ms']:.3f} | {r['kernel_ms']:.3f} "
+                     f"| {r['module_ms'] / r['kernel_ms']:.2f}x |")
+    return lines

@@ -302,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--draft-vocab", default=None, help="draft vocabulary file, or 'none' (default: the drafter's own)")
     p.add_argument("--no-draft", action="store_true", help="start in baseline mode (target only; /baseline toggles)")
+    p.add_argument("--no-kernels", action="store_true", help="no custom Metal kernels (default: used on Apple GPUs)")
     return p
 
 
@@ -314,6 +315,7 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
         block_size=args.block_size,
         max_tokens=args.max_tokens,
         baseline=args.no_draft,
+        kernels=False if args.no_kernels else None,
     )
     return ChatApp(
         model=args.model, draft=args.draft, settings=settings, system=args.system, draft_vocab=args.draft_vocab

@@ -34,6 +34,7 @@ class Settings:
     block_size: int | None = None
     max_tokens: int = 512
     baseline: bool = False  # target-only decoding through the same loop
+    kernels: bool | None = None  # the custom Metal kernels (None: on where they run, Apple GPUs)
 
     def describe(self, has_draft: bool = True, block_in_use: int | None = None) -> str:
         """The footer line; `block_in_use`: the block size of the last cycle, if any."""
@@ -303,6 +304,7 @@ class Engine:
             top_p=settings.top_p,
             top_k=settings.top_k,
             block_size=settings.block_size,
+            kernels=settings.kernels,
             prompt_cache=self.cache,
             prompt_progress_callback=progress,
         )

@@ -12,18 +12,18 @@ seen only the accepted tokens. Per cache kind:
   refuses, and costs nothing (no recompute, no copy).
 - `ArraysCache` (gated-delta layers: a conv window and a recurrent state): restore the
   arrays held before the verify and feed the accepted tokens' inputs to that layer again,
-  through the model's own module. Why this and not per-token states or a tape replay:
-  both need a private copy of mlx-lm's `GatedDeltaNet.__call__` (two variants: qwen3_5
-  and qwen3_next) or a patch of it; re-running the module keeps mlx-lm's exact code path
-  (its Metal kernel included) and needs no copy at all. Cost per cycle that rejects a
-  draft (none when every draft is accepted): for each linear-attention layer, its input
-  projections (`in_proj_qkv`, `in_proj_a`, `in_proj_b`), conv and recurrence over the
-  accepted+1 tokens. The layer's output is never read, so MLX's lazy graph skips the
-  z / norm / out_proj half. On a Mac decoding is bound by weight reads: this re-reads
-  `in_proj_qkv` of every linear layer once per rejecting cycle, roughly a fifth of such
-  a layer's weights (estimated from Qwen3.5's shapes, not measured: on the order of 10-15%
-  of a target step). A tape of the projections (replaying only the
-  recurrence) would remove that, at the price of owning a copy of the mixer's forward.
+  through the model's own module, which keeps mlx-lm's exact code path (its Metal kernel
+  included) and needs no copy of its forward. Cost per cycle that rejects a draft (none
+  when every draft is accepted): for each linear-attention layer, its input projections
+  (`in_proj_qkv`, `in_proj_a`, `in_proj_b`), conv and recurrence over the accepted+1
+  tokens (the layer's output is never read, so MLX's lazy graph skips the z / norm /
+  out_proj half). On a Mac decoding is bound by weight reads: this re-reads `in_proj_qkv`
+  of every linear layer once per rejecting cycle, roughly a fifth of such a layer's
+  weights (estimated from Qwen3.5's shapes, not measured: on the order of 10-15% of a
+  target step). With kernels on (`Target.use_kernels`) the verify records a tape of the
+  recurrence inputs instead (kernels/tape.py, which owns a copy of the mixer's forward
+  for that), and the rollback slides the conv window and replays the recurrence alone
+  (`Tape.rewind`, the `gated_delta_replay` kernel): no weight is read again.
 
 Saving the states costs nothing either: mlx-lm replaces these arrays on update (it
 never writes into them), so a checkpoint holds references, not copies.
@@ -48,6 +48,7 @@ class Checkpoint:
         self.cache, self.replay = cache, replay
         self.states = {i: list(c.cache) for i, c in enumerate(cache) if isinstance(c, ArraysCache)}
         self.inputs: dict[int, mx.array] = {}
+        self.tapes: dict[int, Any] = {}  # kernels.tape.Tape of the layers whose forward recorded one
 
     def record(self, layer: int, inputs: mx.array) -> None:
         """Keep layer `layer`'s input (1, L, hidden) if the layer is recurrent."""
@@ -61,8 +62,11 @@ class Checkpoint:
         for i, c in enumerate(self.cache):
             if isinstance(c, ArraysCache):
                 c.cache = list(self.states[i])
-                inputs = self.inputs[i]
-                self.replay(i, inputs[:, : inputs.shape[1] - drop], c)
+                if i in self.tapes:
+                    self.tapes[i].rewind(c, drop)
+                else:
+                    inputs = self.inputs[i]
+                    self.replay(i, inputs[:, : inputs.shape[1] - drop], c)
             elif isinstance(c, RotatingKVCache):
                 _drop_rotating(c, drop)
             elif c.is_trimmable():

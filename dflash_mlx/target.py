@@ -119,13 +119,20 @@ class Target:
         captured = {}
         wanted = set(self.capture_layers) if capture else set()
         explicit = self.kernels and decoder.MIN_ROWS <= tokens.shape[1] <= decoder.MAX_ROWS
-        for i, (layer, c, mask) in enumerate(zip(self.layers, cache, self._masks(h, cache))):
-            if checkpoint is not None:
-                checkpoint.record(i, h)
-            h = decoder.decoder_layer(layer, h, mask, c) if explicit else layer(h, mask, c)
+        for i, (c, mask) in enumerate(zip(cache, self._masks(h, cache))):
+            h = self.layer_forward(i, h, mask, c, explicit, checkpoint)
             if i in wanted:
                 captured[i] = h
         return self.body.norm(h), self._features(captured)
+
+    def layer_forward(self, i: int, h: mx.array, mask: Any, cache: Any, explicit: bool,
+                      checkpoint: Optional[Checkpoint]) -> mx.array:
+        """Layer i on h (1, L, hidden): through the kernel path when `explicit` (a verify-sized
+        forward with kernels on), else the layer's own call; a checkpoint records its input."""
+        if checkpoint is not None:
+            checkpoint.record(i, h)
+        layer = self.layers[i]
+        return decoder.decoder_layer(layer, h, mask, cache) if explicit else layer(h, mask, cache)
 
     def replay(self, layer: int, inputs: mx.array, cache: Any) -> None:
         """Feed a recurrent layer's `inputs` (1, n, hidden) through it again, to rebuild

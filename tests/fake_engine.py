@@ -77,7 +77,7 @@ class FakeBackend:
         return cache
 
     def stream_generate(self, model, tokenizer, prompt, draft_model=None, max_tokens=256,
-                        temp=0.0, top_p=1.0, top_k=0, block_size=None, prompt_cache=None,
+                        temp=0.0, top_p=1.0, top_k=0, block_size=None, kernels=None, prompt_cache=None,
                         prompt_progress_callback=None):
         self._touch()
         common = 0
@@ -87,7 +87,7 @@ class FakeBackend:
             common += 1
         prefilled = len(prompt) - common
         self.calls.append(dict(prompt=prompt, draft_model=draft_model, max_tokens=max_tokens,
-                               temp=temp, top_p=top_p, block_size=block_size,
+                               temp=temp, top_p=top_p, block_size=block_size, kernels=kernels,
                                prompt_cache=prompt_cache, prefilled=prefilled))
         del prompt_cache.tokens[common:]
         if prompt_progress_callback:

@@ -314,6 +314,18 @@ def test_cli_flags():
     assert default.model_path is None and default.draft_path is None
     assert default.settings == Settings()
     assert app_from_args(["--no-draft", "--top-k", "20"]).settings == Settings(top_k=20, baseline=True)
+    assert app_from_args(["--no-kernels"]).settings == Settings(kernels=False)
+
+
+@run_async
+async def test_no_kernels_reaches_the_generator():
+    """--no-kernels arrives at stream_generate as kernels=False; by default kernels=None (on on Apple GPUs)."""
+    backend = FakeBackend([REPLY, REPLY])
+    for argv, want in (([], None), (["--no-kernels"], False)):
+        app = make_app(backend, settings=app_from_args(argv).settings)
+        async with app.run_test() as pilot:
+            await answered(pilot, "hi")
+        assert backend.calls[-1]["kernels"] is want
 
 
 def test_snapshot_main_screen(snap_compare):

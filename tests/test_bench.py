@@ -62,3 +62,22 @@ def test_bench_kernels_table(default_model_dir, tmp_path, monkeypatch):
     if not report["metal"]:
         assert "the kernel cannot run" in result.output and all(r["kernel_us"] is None for r in report["rows"])
     assert all(r["verify_ms_own"] > 0 and r["verify_ms_kernel_path"] > 0 for r in report["rows"])
+    assert "Gated-delta rollback" in result.output
+    if not report["metal"]:
+        assert report["replay"] is None and "not measured: no Metal GPU here" in result.output
+
+
+def test_bench_replay_timing_runs(monkeypatch):
+    """The Mac-only rollback timing, run here with the replay's fallback standing in for the kernel."""
+    import dflash_mlx.kernels
+    from app.bench_kernels import REPLAY_KEEP, _replay_lines, replay_times
+    from tiny_targets import tiny_target
+
+    if not dflash_mlx.kernels.metal_ready():
+        assert "no Metal GPU" in replay_times(tiny_target("qwen3_5"), 1)[1]
+    monkeypatch.setattr(dflash_mlx.kernels, "metal_ready", lambda: True)
+    rows, note = replay_times(tiny_target("qwen3_5"), 1)
+    assert [r["tokens"] for r in rows] == list(REPLAY_KEEP) and note == ""
+    assert all(r["module_ms"] > 0 and r["kernel_ms"] > 0 for r in rows)
+    assert "| 15 |" in "\n".join(_replay_lines({"replay": rows}))
+    assert "no gated-delta layers" in replay_times(tiny_target("qwen3_moe"), 1)[1]

@@ -69,9 +69,9 @@ def run(runner: str, args, kernel: KernelSource = VERIFY_QMM, seed=0):
     return emulated(kernel, args, seed)
 
 
-def broken(old: str, new: str, count: int = 1) -> KernelSource:
-    """The shipped kernel with `old` replaced (its `count`-th occurrence only, 0: all)."""
-    src = VERIFY_QMM.source
+def broken(old: str, new: str, count: int = 1, kernel: KernelSource = VERIFY_QMM) -> KernelSource:
+    """The shipped `kernel` with `old` replaced (its `count`-th occurrence only, 0: all)."""
+    src = kernel.source
     assert old in src, f"the mutation's target {old!r} is not in the shipped source"
     if count == 0:
         mutated = src.replace(old, new)
@@ -80,7 +80,7 @@ def broken(old: str, new: str, count: int = 1) -> KernelSource:
         for _ in range(count):
             at = src.index(old, at + 1)
         mutated = src[:at] + new + src[at + len(old):]
-    return KernelSource(VERIFY_QMM.name + "_broken", VERIFY_QMM.input_names, VERIFY_QMM.output_names, mutated)
+    return KernelSource(kernel.name + "_broken", kernel.input_names, kernel.output_names, mutated)
 
 
 BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
