@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ..config import check_config
 from ..drafter import Drafter, DrafterConfig, load_drafter_dir
 from ..drafter2 import DFLASH2_FIELDS, Drafter2, Drafter2Config
 from ..target import Target
@@ -178,7 +179,9 @@ def init_from(path: str, block_size: int, dflash2: Optional[dict] = None) -> Dra
         if not dflash2:
             raise ValueError(f"--init-from: {path} is a DFlash2 drafter; train it with --arch dflash2")
         dflash2 = {k: getattr(source.config, k) for k in DFLASH2_FIELDS}
-    drafter = replace(as_arch(source.config, dflash2), block_size=block_size).make_drafter()
+    cfg = replace(as_arch(source.config, dflash2), block_size=block_size)
+    check_config(cfg)
+    drafter = cfg.make_drafter()
     neutral_dflash2(drafter)
     drafter.load_weights(tree_flatten(source.parameters()), strict=False)
     mx.eval(drafter.parameters())
