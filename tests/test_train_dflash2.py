@@ -197,3 +197,8 @@ def test_train_cli_dflash2_from_v1_loads_and_decodes_losslessly(tmp_path, defaul
     got = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=32, block_size=8))
     assert [r.token for r in got] == want
     assert max(got[-1].stats.accepted_lengths) > 1
+    exported = cli("export", out, tmp_path / "zlab", "--dtype", "float32")  # z-lab's layout, same tensors
+    assert exported.exit_code == 0, exported.output
+    assert json.loads((tmp_path / "zlab" / "config.json").read_text())["architectures"] == ["DFlash2DraftModel"]
+    again = dict(tree_flatten(load_draft(str(tmp_path / "zlab")).parameters()))
+    assert all(mx.array_equal(again[k], v).item() for k, v in tree_flatten(drafter.parameters()))
