@@ -21,6 +21,8 @@ For a sequence (prompt + the target's own answer) and its target features:
    acceptance: a block's accepted run only continues while every earlier pick was the
    true token, which is then the predecessor inference uses too. The gradient reaches the
    codebooks and projection, the drafter's hidden states, and the logits as unary scores.
+   With a sampled loss vocabulary the candidates are the top-k of that subset: it holds
+   the labels and the target's top tokens, the competitors that matter most.
 """
 
 from __future__ import annotations
