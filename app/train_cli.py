@@ -46,6 +46,15 @@ def train_command(
     intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size", help="Drafter MLP width (default: the target's)."),
     gamma: Optional[float] = typer.Option(None, "--gamma", help="Loss decay (default 7 for B=16, 5 for 10, 4 for 8)."),
     init: str = typer.Option("warm", "--init", help="'warm': start from the target's layers after the deepest feature; 'cold': random."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from",
+                                             help="Start from this trained drafter instead of --init (its shape; a v1 "
+                                                  "drafter under --arch dflash2 starts as exactly the same drafter)."),
+    arch: str = typer.Option("dflash1", "--arch", help="'dflash1', or 'dflash2': dynamic causal convolutions and a candidate selector."),
+    conv_kernel_size: int = typer.Option(2, "--conv-kernel-size", help="DFlash2: convolution taps along the block."),
+    conv_group_size: int = typer.Option(16, "--conv-group-size", help="DFlash2: channels sharing one per-token kernel."),
+    selector_rank: int = typer.Option(32, "--selector-rank", help="DFlash2: rank of the selector's token codebooks."),
+    selector_top_k: int = typer.Option(8, "--selector-top-k", help="DFlash2: candidates per block position."),
+    selector_weight: float = typer.Option(1.0, "--selector-weight", help="DFlash2: weight of the selector's loss term."),
     distill: float = typer.Option(0.5, "--distill", help="Weight of distillation from the target's top-k distribution (0: hard labels only)."),
     top_k: int = typer.Option(8, "--top-k", help="Teacher tokens kept per position in the feature cache."),
     features: Optional[Path] = typer.Option(None, "--features", help="Feature cache directory (default: DATA/features)."),
@@ -71,7 +80,7 @@ def train_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Log lines instead of a progress bar."),
 ) -> None:
-    """Train a DFlash drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
+    """Train a DFlash (or DFlash2) drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
     from dflash_mlx.train.loop import TrainArgs, train
 
     data_file = data / "train.jsonl" if data.is_dir() else data
@@ -79,7 +88,10 @@ def train_command(
         raise FileNotFoundError(f"no training data at {data_file}")
     args = TrainArgs(data=str(data_file), out=str(out), model=model, num_layers=num_layers,
                      target_layer_ids=parse_layer_ids(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
-                     intermediate_size=intermediate_size, gamma=gamma, init=init, distill=distill, top_k=top_k,
+                     intermediate_size=intermediate_size, gamma=gamma, init=init,
+                     init_from=str(init_from) if init_from else None, arch=arch, conv_kernel_size=conv_kernel_size,
+                     conv_group_size=conv_group_size, selector_rank=selector_rank, selector_top_k=selector_top_k,
+                     selector_weight=selector_weight, distill=distill, top_k=top_k,
                      features=str(features) if features else None, batch_size=batch_size,
                      num_anchors=num_anchors, max_len=max_len, epochs=epochs, max_steps=max_steps,
                      time_limit=time_limit, lr=lr, warmup=warmup, weight_decay=weight_decay, adam_beta2=adam_beta2, grad_clip=grad_clip,

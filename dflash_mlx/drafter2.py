@@ -94,6 +94,12 @@ def grouped_causal_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_si
     return out
 
 
+def identity_kernel(kernel_size: int, hidden_size: int) -> mx.array:
+    """A base kernel (2, K, hidden) for [before, after] that passes its input through: 1 at
+    offset 0, 0 at the others."""
+    return mx.zeros((2, kernel_size, hidden_size)).at[:, 0].add(1.0)
+
+
 class DynamicCausalConv(nn.Module):
     """The pair of convolutions around one sublayer. Both take their per-token kernels
     from the sublayer's (normed) input: `before` filters that input, `after` the
@@ -102,8 +108,7 @@ class DynamicCausalConv(nn.Module):
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
         super().__init__()
         self.kernel_size, self.group_size = kernel_size, group_size
-        # [before, after] x offset x channel; starts as the identity (offset 0 = 1)
-        self.base_kernel = mx.zeros((2, kernel_size, hidden_size)).at[:, 0].add(1.0)
+        self.base_kernel = identity_kernel(kernel_size, hidden_size)  # [before, after] x offset x channel
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * (hidden_size // group_size), bias=False)
 
     def before(self, x: mx.array) -> tuple[mx.array, mx.array]:
@@ -114,6 +119,12 @@ class DynamicCausalConv(nn.Module):
 
     def after(self, y: mx.array, dynamic: mx.array) -> mx.array:
         return grouped_causal_conv(y, dynamic, self.base_kernel[1], self.group_size)
+
+    def make_identity(self) -> None:
+        """Both convolutions pass their input through exactly: the identity base kernel and
+        no per-token part (a zero projection, which still receives gradients)."""
+        self.base_kernel = identity_kernel(self.kernel_size, self.base_kernel.shape[-1])
+        self.kernel_projection.weight = mx.zeros_like(self.kernel_projection.weight)
 
 
 class DecoderLayer2(DecoderLayer):

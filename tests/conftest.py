@@ -26,6 +26,7 @@ SLOW_MODULES = {
     "test_dflash2_parity.py",
     "test_bench.py",
     "test_train.py",
+    "test_train_dflash2.py",
     "test_train_distributed.py",
     "test_app_real.py",
     "test_targets_sampling.py",

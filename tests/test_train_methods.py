@@ -7,8 +7,10 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+import pytest
 from mlx.utils import tree_flatten
 from test_train import random_training_data, tiny_drafter, tiny_target
+from test_train_dflash2 import TINY2
 
 from dflash_mlx.target import Target
 from dflash_mlx.train.features import FeatureStore, fill_store, target_pass
@@ -111,13 +113,14 @@ def test_a_torn_write_is_cut_on_reopening(tmp_path):
     assert (again.get("b")[0] == 2).all() and (again.get("a")[0] == 1).all()
 
 
-def test_resume_continues_exactly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", [{}, TINY2], ids=["dflash1", "dflash2"])
+def test_resume_continues_exactly(tmp_path, monkeypatch, arch):
     """Stopping after 3 steps and resuming gives the same weights as 6 uninterrupted steps."""
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
     common = dict(data=str(data), num_layers=1, target_layer_ids=[1, 3], block_size=4, batch_size=3,
                   num_anchors=4, progress=False, checkpoint_every=1, max_steps=6, log_every=1,
-                  loss_vocab="sampled", negatives=8)
+                  loss_vocab="sampled", negatives=8, **arch)
     whole = train(TrainArgs(out=str(tmp_path / "whole"), **common), log=lambda s: None)
 
     class Stop(Exception):
@@ -133,6 +136,7 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
         pass
     resumed = train(TrainArgs(out=str(tmp_path / "cut"), resume=True, **common), log=lambda s: None)
     assert resumed["step"] == whole["step"] == 6
+    assert type(resumed["drafter"]) is type(whole["drafter"])
     a = dict(tree_flatten(whole["drafter"].parameters()))
     b = dict(tree_flatten(resumed["drafter"].parameters()))
     for k in a:

@@ -8,16 +8,25 @@ Two starts:
   norm: it starts as a shallow continuation of the target instead of noise.
 - ``cold``: random layers, with a data-dependent `fc` init (below), for targets whose
   layers do not fit the drafter's shapes.
+
+A DFlash2 drafter's additions start neutral under either start (`neutral_dflash2`): its
+convolutions are the identity and its selector adds nothing, so it computes what a v1
+drafter with the same weights computes, and `init_from` turns a trained v1 drafter into
+a DFlash2 drafter that drafts exactly the same tokens at step 0.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
-from ..drafter import Drafter, DrafterConfig
+from ..config import check_config
+from ..drafter import Drafter, DrafterConfig, load_drafter_dir
+from ..drafter2 import DFLASH2_FIELDS, Drafter2, Drafter2Config
 from ..target import Target
 
 
@@ -49,15 +58,24 @@ def training_layer_ids(num_target_layers: int, count: int = 5) -> list[int]:
     return sorted({int(round(x)) for x in np.linspace(1, top, count)})
 
 
+def as_arch(cfg: DrafterConfig, dflash2: Optional[dict] = None) -> DrafterConfig:
+    """`cfg`'s v1 fields as a v1 config (`dflash2` None) or as a DFlash2 config with the
+    `DFLASH2_FIELDS` values in `dflash2`."""
+    values = {f.name: getattr(cfg, f.name) for f in fields(DrafterConfig)}
+    return Drafter2Config(**values, **dflash2) if dflash2 else DrafterConfig(**values)
+
+
 def make_config(target: Target, *, num_layers: int = 5, target_layer_ids: Optional[Sequence[int]] = None,
                 block_size: int = 16, mask_token_id: int, intermediate_size: Optional[int] = None,
-                num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None) -> DrafterConfig:
+                num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
+                dflash2: Optional[dict] = None) -> DrafterConfig:
     """A drafter config for `target`: hidden size, head dims, RoPE and vocabulary follow the
-    target; depth, feature layers and block size are the paper's defaults unless given."""
+    target; depth, feature layers and block size are the paper's defaults unless given.
+    `dflash2`: the DFlash2 fields of a DFlash2 drafter (None: a v1 drafter)."""
     args = target.args  # the text model's (multimodal wrappers nest it)
     heads = num_heads or args.num_attention_heads
     ids = list(target_layer_ids) if target_layer_ids else training_layer_ids(target.num_layers)
-    return DrafterConfig(
+    return as_arch(DrafterConfig(
         hidden_size=args.hidden_size, num_hidden_layers=num_layers, num_attention_heads=heads,
         num_key_value_heads=num_kv_heads or getattr(args, "num_key_value_heads", None) or heads,
         intermediate_size=intermediate_size or args.intermediate_size, vocab_size=args.vocab_size,
@@ -66,7 +84,7 @@ def make_config(target: Target, *, num_layers: int = 5, target_layer_ids: Option
         rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6), rope_theta=getattr(args, "rope_theta", 10000.0),
         rope_scaling=_rope_scaling(args),
         max_position_embeddings=getattr(args, "max_position_embeddings", None) or 40960,
-    )
+    ), dflash2)
 
 
 def _rope_scaling(args) -> Optional[dict]:
@@ -134,3 +152,37 @@ def rms_fc_init(drafter: Drafter, features: np.ndarray) -> None:
     w = np.array(drafter.fc.weight, dtype=np.float64) / scale[None]
     drafter.fc.weight = mx.array((w - np.outer(w @ u, u)).astype(np.float32))
     mx.eval(drafter.parameters())
+
+
+def neutral_dflash2(drafter: Drafter) -> None:
+    """Make a DFlash2 drafter's additions neutral: every convolution is the identity and
+    the selector's projection is zero, so its edges are 0 and its path is each position's
+    argmax. Both still receive gradients. A v1 drafter is left as it is."""
+    if not isinstance(drafter, Drafter2):
+        return
+    for layer in drafter.layers:
+        layer.attention_conv.make_identity()
+        layer.mlp_conv.make_identity()
+    projection = drafter.candidate_selector.hidden_projection
+    projection.weight = mx.zeros_like(projection.weight)
+
+
+def init_from(path: str, block_size: int, dflash2: Optional[dict] = None) -> Drafter:
+    """A new drafter (DFlash2 with the fields in `dflash2`, else v1) that starts as the
+    trained drafter at `path`: all of its weights, and DFlash2 additions that start neutral
+    when it has none, so that it drafts exactly as that drafter does. A DFlash2 source keeps
+    its own DFlash2 fields; `block_size` is the one to train at."""
+    source = load_drafter_dir(path)
+    if "quantization" in source.config.extra:
+        raise ValueError(f"--init-from: {path} is quantized; start from a float drafter")
+    if isinstance(source.config, Drafter2Config):
+        if not dflash2:
+            raise ValueError(f"--init-from: {path} is a DFlash2 drafter; train it with --arch dflash2")
+        dflash2 = {k: getattr(source.config, k) for k in DFLASH2_FIELDS}
+    cfg = replace(as_arch(source.config, dflash2), block_size=block_size)
+    check_config(cfg)
+    drafter = cfg.make_drafter()
+    neutral_dflash2(drafter)
+    drafter.load_weights(tree_flatten(source.parameters()), strict=False)
+    mx.eval(drafter.parameters())
+    return drafter

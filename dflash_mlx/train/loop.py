@@ -29,13 +29,15 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import atomic_directory, exclusive_lock
-from ..drafter import Drafter, load_drafter_dir, save_drafter
+from ..config import check_config
+from ..drafter import Drafter, check_fit, load_drafter_dir, save_drafter
+from ..drafter2 import DFLASH2_FIELDS
 from ..target import Target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
-from .initialize import default_mask_token_id, make_config, rms_fc_init, warm_start
+from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
 from .progress import Meter, StepBar, count_bar
-from .objective import Batch, block_acceptance, block_forward, distill_loss, loss_weights, make_batch
+from .objective import Batch, block_acceptance, loss_fn, loss_weights, make_batch
 
 
 @dataclass
@@ -50,6 +52,13 @@ class TrainArgs:
     intermediate_size: Optional[int] = None
     gamma: Optional[float] = None
     init: str = "warm"  # "warm": copy target layers; "cold": random + data-dependent fc
+    init_from: Optional[str] = None  # start from this trained drafter's weights instead (shape: its)
+    arch: str = "dflash1"  # or "dflash2": dynamic causal convolutions and the candidate selector
+    conv_kernel_size: int = 2  # DFlash2 fields (z-lab's Qwen3.8-27B drafter: 2, 16, 256, 16)
+    conv_group_size: int = 16
+    selector_rank: int = 32
+    selector_top_k: int = 8
+    selector_weight: float = 1.0  # weight of the selector's loss term
     distill: float = 0.5  # weight of the distillation term (0: hard labels only)
     top_k: int = 8  # teacher tokens kept per position
     features: Optional[str] = None  # feature cache directory (default: beside the data)
@@ -76,6 +85,12 @@ class TrainArgs:
     resume: bool = False
     log_every: int = 10
     progress: bool = True
+
+    def dflash2_fields(self) -> Optional[dict]:
+        """The DFlash2 config fields under --arch dflash2, None under dflash1."""
+        if self.arch not in ("dflash1", "dflash2"):
+            raise ValueError(f"--arch must be 'dflash1' or 'dflash2', got {self.arch!r}")
+        return {k: getattr(self, k) for k in DFLASH2_FIELDS} if self.arch == "dflash2" else None
 
 
 @dataclass
@@ -124,27 +139,6 @@ def lr_at(args: TrainArgs, step: int, total: int, elapsed: float) -> float:
     return lo + 0.5 * (args.lr - lo) * (1 + math.cos(math.pi * t))
 
 
-def loss_fn(drafter: Drafter, target: Target, batch: Batch, weights: mx.array, distill: float,
-            vocab: Optional[mx.array] = None) -> tuple[mx.array, tuple[mx.array, mx.array]]:
-    """Position-weighted (1 - distill) * cross-entropy + distill * distillation. With
-    `vocab` (sorted ids), logits cover that vocabulary only (the head's rows for it, as a
-    draft vocabulary uses them) and the batch's labels / teacher ids are indices into it.
-    Returns (loss, (correct, valid))."""
-    emb = mx.stop_gradient(target.embed(batch.block_tokens))
-    h = block_forward(drafter, batch.features, emb, batch.anchors)  # (N, B, hidden)
-    logits = h @ target.head_rows(vocab).T if vocab is not None else target.lm_head(h)
-    N, B, V = logits.shape
-    per = nn.losses.cross_entropy(logits, batch.labels, reduction="none")  # (N, B)
-    if distill > 0:
-        kd = distill_loss(logits.reshape(N * B, V), batch.teacher_ids.reshape(N * B, -1),
-                          batch.teacher_logits.reshape(N * B, -1)).reshape(N, B)
-        per = (1 - distill) * per + distill * kd
-    w = weights[None] * batch.valid
-    loss = (per * w).sum() / mx.maximum(w.sum(), 1e-9)
-    correct = (mx.argmax(logits, axis=-1) == batch.labels).astype(mx.float32) * batch.valid
-    return loss, (mx.stop_gradient(correct), batch.valid)
-
-
 class Trainer:
     """One training run (see the module docstring). `run()` trains until the step or time
     budget is spent and returns the final stats."""
@@ -166,13 +160,7 @@ class Trainer:
             saved = json.loads((ck / "state.json").read_text())
             self.state = TrainState.from_dict(saved)
         else:
-            mask_id = args.mask_token_id if args.mask_token_id is not None else default_mask_token_id(self.tokenizer)
-            cfg = make_config(Target(model), num_layers=args.num_layers, target_layer_ids=args.target_layer_ids,
-                              block_size=args.block_size, mask_token_id=mask_id,
-                              intermediate_size=args.intermediate_size)
-            mx.random.seed(args.seed)
-            self.drafter = Drafter(cfg)
-            mx.eval(self.drafter.parameters())
+            self.drafter = self._new_drafter()
             self.state = TrainState()
         self.cfg = self.drafter.config
         self.target = Target(model, self.cfg.target_layer_ids)
@@ -220,7 +208,29 @@ class Trainer:
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
         self.seqs = seqs
 
+    def _new_drafter(self) -> Drafter:
+        """The drafter a fresh run starts from (its first weights: `_initialize`), checked
+        against the target."""
+        a, target = self.args, Target(self.model)
+        if a.init_from:
+            drafter = init_from(a.init_from, a.block_size, a.dflash2_fields())
+        else:
+            mask_id = a.mask_token_id if a.mask_token_id is not None else default_mask_token_id(self.tokenizer)
+            cfg = make_config(target, num_layers=a.num_layers, target_layer_ids=a.target_layer_ids,
+                              block_size=a.block_size, mask_token_id=mask_id, intermediate_size=a.intermediate_size,
+                              dflash2=a.dflash2_fields())
+            check_config(cfg)
+            mx.random.seed(a.seed)
+            drafter = cfg.make_drafter()
+            neutral_dflash2(drafter)
+            mx.eval(drafter.parameters())
+        check_fit(drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size,
+                  vocab_size=target.vocab_size)
+        return drafter
+
     def _initialize(self) -> None:
+        if self.args.init_from:
+            return
         if self.args.init == "warm":
             warm_start(self.drafter, self.target)
         elif self.args.init == "cold":
@@ -271,7 +281,7 @@ class Trainer:
     # ------------------------------------------------------------------ steps
 
     def _loss(self, drafter: Drafter, batch: Batch, vocab: Optional[mx.array]):
-        return loss_fn(drafter, self.target, batch, self.weights, self.args.distill, vocab)
+        return loss_fn(drafter, self.target, batch, self.weights, self.args.distill, vocab, self.args.selector_weight)
 
     def step(self) -> Optional[dict]:
         """One optimiser step; returns its numbers (None for an empty batch)."""
@@ -316,7 +326,8 @@ class Trainer:
             n_params = sum(v.size for _, v in tree_flatten(self.drafter.parameters()))
             self.log(f"{len(self.seqs)} sequences, {sum(len(t) for _, t, _ in self.seqs)} tokens; drafter "
                      f"{self.cfg.num_hidden_layers} layers, {n_params / 1e6:.1f}M params, features "
-                     f"{self.cfg.target_layer_ids}, B={B}, mask {self.cfg.mask_token_id}, init {a.init}; "
+                     f"{self.cfg.target_layer_ids}, B={B}, mask {self.cfg.mask_token_id}, {self.cfg.architecture}, "
+                     f"init {a.init_from or a.init}; "
                      f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
                      + (f"; {self.world} ranks" if self.world > 1 else ""))
         log_file = None

@@ -10,6 +10,19 @@ For a sequence (prompt + the target's own answer) and its target features:
 3. Block position k (k >= 1) predicts the token at a + k; the loss is cross-entropy
    weighted by w_k = exp(-(k - 1) / gamma), normalised, optionally mixed with a
    distillation term against the target's own top-k distribution at that position.
+4. A DFlash2 drafter's candidate selector is trained jointly, teacher-forced
+   (`selector_loss`): at block position k >= 1 the candidates are the top-k of the
+   drafter's own logits (a choice, so no gradient), scored as at inference (logit plus
+   the low-rank edge from the predecessor) with the TRUE token before k as predecessor
+   (the block's first token for k = 1). The term is the cross-entropy of those k scores
+   toward the true token, added to the position's loss under the same weight w_k, and 0
+   where the true token is not a candidate: the draft is wrong there whatever the
+   selector picks, so there is nothing for it to learn. Teacher forcing is exact for
+   acceptance: a block's accepted run only continues while every earlier pick was the
+   true token, which is then the predecessor inference uses too. The gradient reaches the
+   codebooks and projection, the drafter's hidden states, and the logits as unary scores.
+   With a sampled loss vocabulary the candidates are the top-k of that subset: it holds
+   the labels and the target's top tokens, the competitors that matter most.
 """
 
 from __future__ import annotations
@@ -18,9 +31,12 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from ..drafter import Drafter
+from ..drafter2 import CandidateSelector, Drafter2
+from ..target import Target
 
 
 def default_gamma(block_size: int) -> float:
@@ -135,6 +151,57 @@ def distill_loss(logits: mx.array, teacher_ids: mx.array, teacher_logits: mx.arr
     p = mx.softmax(teacher_logits.astype(mx.float32), axis=-1)
     student = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     return -(p * mx.take_along_axis(student, teacher_ids, axis=-1)).sum(axis=-1)
+
+
+def selector_loss(selector: CandidateSelector, hidden: mx.array, logits: mx.array, predecessors: mx.array,
+                  labels: mx.array, ids: Optional[mx.array] = None) -> tuple[mx.array, mx.array]:
+    """The selector's teacher-forced loss (see the module docstring) and its picks.
+    hidden (N, B, hidden) and logits (N, B, V) of the blocks; predecessors (N, B): the true
+    token id before each position; labels (N, B): the true token as a column of `logits`;
+    ids (V,): the token id of each column (None: column = token id). Returns the
+    cross-entropy over the candidates (N, B), 0 where the label is not one, and the
+    selector's pick (N, B) as a column of `logits`."""
+    k = min(selector.top_k, logits.shape[-1])
+    candidates = mx.stop_gradient(mx.argpartition(-logits, k - 1, axis=-1)[..., :k])  # (N, B, k) columns
+    tokens = candidates if ids is None else ids[candidates]
+    query = selector.hidden_projection(hidden) * selector.predecessor_codebook[predecessors]  # (N, B, rank)
+    edges = (selector.successor_codebook[tokens] * query[..., None, :]).sum(-1)  # (N, B, k)
+    scores = mx.take_along_axis(logits, candidates, axis=-1) + edges
+    is_label = candidates == labels[..., None]  # (N, B, k), at most one True per row
+    ce = mx.logsumexp(scores, axis=-1) - mx.where(is_label, scores, 0.0).sum(-1)
+    pick = mx.take_along_axis(candidates, mx.argmax(scores, axis=-1)[..., None], axis=-1)[..., 0]
+    return mx.where(is_label.any(-1), ce, 0.0), pick
+
+
+def loss_fn(drafter: Drafter, target: Target, batch: Batch, weights: mx.array, distill: float,
+            vocab: Optional[mx.array] = None, selector_weight: float = 1.0
+            ) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+    """Position-weighted (1 - distill) * cross-entropy + distill * distillation, plus
+    selector_weight * the selector's loss for a DFlash2 drafter. With `vocab` (sorted ids),
+    logits cover that vocabulary only (the head's rows for it, as a draft vocabulary uses
+    them) and the batch's labels / teacher ids are indices into it. Returns (loss,
+    (correct, valid)); correct: the drafter's greedy pick (the selector's, teacher-forced)
+    is the label."""
+    emb = mx.stop_gradient(target.embed(batch.block_tokens))
+    h = block_forward(drafter, batch.features, emb, batch.anchors)  # (N, B, hidden)
+    logits = h @ target.head_rows(vocab).T if vocab is not None else target.lm_head(h)
+    N, B, V = logits.shape
+    per = nn.losses.cross_entropy(logits, batch.labels, reduction="none")  # (N, B)
+    if distill > 0:
+        kd = distill_loss(logits.reshape(N * B, V), batch.teacher_ids.reshape(N * B, -1),
+                          batch.teacher_logits.reshape(N * B, -1)).reshape(N, B)
+        per = (1 - distill) * per + distill * kd
+    pick = mx.argmax(logits, axis=-1)
+    if isinstance(drafter, Drafter2):
+        label_ids = vocab[batch.labels] if vocab is not None else batch.labels
+        truth = mx.concatenate([batch.block_tokens[:, :1], label_ids[:, 1:]], axis=1)  # (N, B) token ids
+        predecessors = mx.concatenate([truth[:, :1], truth[:, :-1]], axis=1)  # block token 0 for k = 1
+        sel, pick = selector_loss(drafter.candidate_selector, h, logits, predecessors, batch.labels, vocab)
+        per = per + selector_weight * sel
+    w = weights[None] * batch.valid
+    loss = (per * w).sum() / mx.maximum(w.sum(), 1e-9)
+    correct = (pick == batch.labels).astype(mx.float32) * batch.valid
+    return loss, (mx.stop_gradient(correct), batch.valid)
 
 
 def block_acceptance(correct: np.ndarray, valid: np.ndarray, block_size: int) -> tuple[float, int]:
