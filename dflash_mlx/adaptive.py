@@ -7,9 +7,12 @@ maximises expected committed tokens per second:
 * acceptance: running estimates of p_k, the probability that draft k is accepted given
   that drafts 1..k-1 were. A cycle with a accepted drafts out of b - 1 observes k <= a
   as accepted and k = a + 1 as rejected; later positions are not seen (censored), which
-  is exactly what a conditional estimate needs. Old observations fade (`memory`).
-* cost: the measured wall time of cycles of each size (a running average); sizes not
-  measured yet are scaled from the nearest measured one along a cost model.
+  is exactly what a conditional estimate needs. Old observations fade (`memory`), at
+  every drafted cycle, seen or not.
+* cost: the measured wall time of cycles of each size (a slow running average: on a CPU
+  a queued plain step computes when it is queued, so single plain steps are charged
+  unevenly, and only their average is right); sizes not measured yet are scaled from
+  the nearest measured one along a cost model.
 * exploration: what is never verified is never measured, so now and then the policy
   probes a larger block: one more token than it believes best, then, while probes
   accept every draft, twice as far each time (a cheap first look; big blocks only once
@@ -45,11 +48,11 @@ class BlockSizePolicy:
         self,
         max_size: int,
         *,
-        memory: float = 0.8,
+        memory: float = 0.9,
         explore: float = 0.02,
         prior: float = 0.5,
         cost_model: Optional[Sequence[float]] = None,
-        cost_memory: float = 0.75,
+        cost_memory: float = 0.9,
         surprise: float = 0.25,
         backoff: int = 4,
     ):
@@ -125,8 +128,8 @@ class BlockSizePolicy:
     def update(self, size: int, accepted: int, seconds: float) -> None:
         """Record a finished cycle: `accepted` of its `size - 1` drafts, `seconds` of wall time."""
         old = self.seconds.get(size)
-        if old is not None:  # a shared machine's spikes count, but at most double
-            seconds = self.cost_memory * old + (1 - self.cost_memory) * min(max(seconds, old / 2), 2 * old)
+        if old is not None:  # a shared machine's spikes count, but at most triple
+            seconds = self.cost_memory * old + (1 - self.cost_memory) * min(seconds, 3 * old)
         self.seconds[size] = seconds
         # A plain step queued before the probe was chosen reports after it: keep the probe.
         probe = self.probe if self.probe is not None and self.probe[0] == size else None
@@ -134,9 +137,12 @@ class BlockSizePolicy:
             self.probe = None
         # How likely the estimates found the drafts this probe accepted beyond the challenged size.
         likely = math.prod(self.acceptance(k) for k in range(probe[1], accepted + 1)) if probe else 1.0
-        for k in range(1, min(accepted + 1, size - 1) + 1):  # positions 1..a accepted, a+1 rejected
+        seen = min(accepted + 1, size - 1)  # positions 1..a accepted, a+1 rejected
+        for k in range(1, self.max_size if size > 1 else 1):  # a plain step drafts nothing
+            # unseen positions fade too, towards the prior: what a past stretch taught about
+            # deep drafts must not outlive it while only short blocks are drafted
             self.hits[k] = self.memory * self.hits[k] + (k <= accepted)
-            self.trials[k] = self.memory * self.trials[k] + 1.0
+            self.trials[k] = self.memory * self.trials[k] + (k <= seen)
         if probe is None:
             return
         self.reach = 2 * self.reach if accepted == size - 1 else 1  # all drafts accepted: look further

@@ -26,15 +26,12 @@ PREFILL_STEP = 2048
 @dataclass
 class Cycle:
     """One cycle's outcome. `tokens` is a lazy scalar until `read()` for the prefill and
-    plain steps; `started` (set by the loop) and `finished` bound the wall time the loop
-    spent on it."""
+    plain steps."""
 
     size: int  # tokens verified (1: a plain step; 0: the prefill)
     tokens: Union[mx.array, list[int]]
     accepted: int
     logprobs: list[mx.array]
-    started: float = 0.0
-    finished: float = 0.0
     drafting: float = 0.0  # seconds of it spent drafting (profiling only)
 
     @property
@@ -45,7 +42,6 @@ class Cycle:
         """The committed tokens on the host (waits for a queued step)."""
         if not self.ready:
             self.tokens = [self.tokens.item()]
-            self.finished = time.perf_counter()
         return self.tokens
 
 
@@ -59,9 +55,10 @@ class Cycles:
         cache: PromptCache,
         sampling: SamplingParams,
         profile: bool,
+        full_blocks: bool = False,
     ):
         self.target, self.drafter, self.cache = target, draft_model, cache
-        self.sampling, self.profile = sampling, profile
+        self.sampling, self.profile, self.full_blocks = sampling, profile, full_blocks
 
     def prefill(self, tokens: Sequence[int], start: int, progress: Optional[Callable[[int, int], None]]) -> Cycle:
         """Prefill the target from `start`, feeding the captured features straight into
@@ -99,11 +96,16 @@ class Cycles:
         return Cycle(size, token, 0, [logprobs])
 
     def speculate(self, token: int, size: int) -> Cycle:
-        """Draft `size - 1` tokens after `token`, verify them, keep the accepted prefix."""
+        """Draft `size - 1` tokens after `token` (with `full_blocks`: the first ones of the
+        drafter's whole block), verify them, keep the accepted prefix."""
         cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
         cache.flush()
-        block = mx.array([[token] + [drafter.config.mask_token_id] * (size - 1)])
-        draft = drafter.draft(block, cache.draft, target, self.sampling)
+        # Adaptive cycles draft the full block and verify its first drafts: the drafter
+        # was trained on full blocks, and drafts from one are more often accepted (on a
+        # CPU, the head over a few more rows costs little beside the verify).
+        width = max(size, drafter.config.block_size) if self.full_blocks else size
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (width - 1)])
+        draft = drafter.draft(block, cache.draft, target, self.sampling).first(size - 1)
         drafts = draft.tokens
         drafting = 0.0
         if self.profile:
@@ -123,4 +125,4 @@ class Cycles:
         cache.tokens += [token] + drafted[:accepted]
         drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))
-        return Cycle(size, drafted[:accepted] + [bonus], accepted, logprobs, tic, time.perf_counter(), drafting)
+        return Cycle(size, drafted[:accepted] + [bonus], accepted, logprobs, drafting)

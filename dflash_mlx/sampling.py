@@ -79,6 +79,10 @@ class Draft(NamedTuple):
     # the k candidates q is over (DFlash2's selector drafts among each position's top k)
     indices: Optional[mx.array] = None
 
+    def first(self, n: int) -> "Draft":
+        """The proposal for the first `n` drafted positions only."""
+        return Draft(*(None if x is None else x[:n] for x in self))
+
     def dense_probs(self, vocab_size: int) -> mx.array:
         """q over the whole vocabulary (B-1, V): zero outside the candidates."""
         if self.indices is None:

@@ -168,15 +168,21 @@ def generate_step(
         policy = None
     stats.block_size = (block_size or draft_model.config.block_size) if draft_model else 1
     stats.adaptive = policy is not None
-    cycles = Cycles(target, draft_model, cache, SamplingParams(temp, top_p, top_k), profile)
+    sampling = SamplingParams(temp, top_p, top_k)
+    cycles = Cycles(target, draft_model, cache, sampling, profile, full_blocks=policy is not None)
 
-    tic = time.perf_counter()
+    # `mark`: where the loop's clock stood when it last charged a cycle; the caller's time
+    # between a yield and the resume is skipped. Each cycle is charged the loop's time
+    # since the last charge, so that every second is charged once: on a CPU, queueing a
+    # plain step computes it there and then (charged to the cycle read next), on a GPU
+    # the read waits for it.
+    mark = time.perf_counter()
     start = stats.prompt_cached = cache.reuse(prompt, with_drafter=draft_model is not None)
     done = cycles.prefill(prompt, start, prompt_progress_callback)
-    done.started, produced = tic, 1
+    produced = 1
     while True:
         if done.ready:  # a drafted block: its acceptance informs this choice
-            _account(done, stats, policy)
+            mark = _account(done, stats, policy, mark)
         size = _choose_size(policy, stats, draft_model is not None, max_tokens, produced)
         # Queue the next plain step on the lazy token before reading it (unless the caller
         # stops here at max_tokens): the host sync then overlaps the next step's compute.
@@ -185,16 +191,16 @@ def generate_step(
         was_ready = done.ready
         committed = done.read()
         if not was_ready:
-            _account(done, stats, policy)
+            mark = _account(done, stats, policy, mark)
         if nxt is not None:
             cache.tokens.append(committed[-1])  # the queued step's input: cache and tokens agree at the yield
+        paused = time.perf_counter()
         yield committed, done.accepted, done.logprobs
-        resumed = time.perf_counter()
+        mark += time.perf_counter() - paused
         if nxt is None:
             nxt = cycles.plain(committed[-1]) if size == 1 else cycles.speculate(committed[-1], size)
             if size == 1:
                 cache.tokens.append(committed[-1])
-        nxt.started = resumed  # the loop's time on it excludes the caller's, as before pipelining
         produced += len(nxt.tokens) if nxt.ready else 1
         done = nxt
 
@@ -209,17 +215,20 @@ def _choose_size(
     return max(2, min(stats.block_size, left)) if drafting else 1  # a fixed block verifies at least 2
 
 
-def _account(cycle: Cycle, stats: GenerationStats, policy: Optional[BlockSizePolicy]) -> None:
-    """Charge a finished cycle to the stats and the policy (the prefill: to prompt_time)."""
-    seconds = cycle.finished - cycle.started
+def _account(cycle: Cycle, stats: GenerationStats, policy: Optional[BlockSizePolicy], since: float) -> float:
+    """Charge a finished cycle the loop's time since `since` (the stats and the policy;
+    the prefill: prompt_time). Returns the new mark."""
+    now = time.perf_counter()
+    seconds = now - since
     if cycle.size == 0:
         stats.prompt_time = seconds
-        return
+        return now
     if policy is not None:
         policy.update(cycle.size, cycle.accepted, seconds)
     stats.draft_time += cycle.drafting
     stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
     stats.record(cycle.size, cycle.accepted)
+    return now
 
 
 class _StopStrings:

@@ -142,9 +142,23 @@ def test_censored_positions_are_not_counted():
     policy.update(3, 0, 1.0)
     assert policy.trials[1:] == [1.0, 0.0, 0.0] and policy.hits[1] == 0.0
     policy.update(4, 1, 1.0)  # draft 1 accepted, draft 2 rejected, draft 3 unseen
-    assert policy.trials[1:] == [1.8, 1.0, 0.0] and policy.hits[1:] == [1.0, 0.0, 0.0]
+    assert policy.trials[1:] == [policy.memory + 1, 1.0, 0.0] and policy.hits[1:] == [1.0, 0.0, 0.0]
     policy.update(4, 3, 1.0)  # all accepted
     assert policy.hits[3] == 1.0 and policy.trials[3] == 1.0
+
+
+def test_unseen_positions_fade_to_the_prior():
+    """What a stretch taught about deep drafts fades while only short blocks are drafted,
+    so that a drafter that got better there is tried with longer blocks again."""
+    policy = BlockSizePolicy(8)
+    for _ in range(30):
+        policy.update(8, 1, 1.0)  # draft 1 accepted, draft 2 rejected
+    assert policy.acceptance(2) < 0.1
+    for _ in range(60):
+        policy.update(2, 1, 1.0)  # only draft 1 is seen
+    assert policy.acceptance(1) > 0.9 and policy.acceptance(2) > 0.45
+    policy.update(1, 0, 1.0)  # a plain step drafts nothing: no estimate moves
+    assert policy.acceptance(1) > 0.9 and policy.acceptance(2) > 0.45
 
 
 def test_costs_follow_measurements():

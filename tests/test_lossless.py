@@ -194,6 +194,31 @@ def test_adversarial_drafter_with_mixed_block_sizes_is_lossless(default_model, r
     assert {(1, 1), (2, 2), (3, 3), (5, 5), (BLOCK, BLOCK), (BLOCK, 1), (5, 1)} <= seen
 
 
+class WidthRecorder(Drafter):
+    """A random drafter that notes the width of every block it is asked to draft."""
+
+    def draft(self, block, cache, target, sampling):
+        self.widths = getattr(self, "widths", []) + [block.shape[1]]
+        return super().draft(block, cache, target, sampling)
+
+
+@pytest.mark.parametrize("block_size", [4, None])
+def test_adaptive_cycles_draft_the_full_block(default_model, references, block_size):
+    """Adaptive cycles verify the first drafts of the drafter's whole block (drafted as it
+    was trained); a fixed block size drafts exactly that many, as z-lab's loop does."""
+    model, tokenizer = default_model
+    mx.random.seed(2)
+    drafter = WidthRecorder(drafter_config(block_size=16))
+    mx.eval(drafter.parameters())
+    prompt, ref = next(iter(references.values()))
+    policy = None if block_size else ScriptedPolicy([3, 1, 5, 2], max_size=16)
+    kw = dict(max_tokens=MAX_TOKENS, block_size=block_size, policy=policy)
+    got, responses = ours(model, tokenizer, prompt, drafter, **kw)
+    assert got == ref
+    assert set(drafter.widths) == {block_size or 16}, drafter.widths
+    assert set(responses[-1].stats.block_sizes) == ({4} if block_size else {1, 2, 3, 5})
+
+
 class CpuCostPolicy(BlockSizePolicy):
     """The real policy, charged a fixed cost per size (shaped like a real drafter on this
     CPU) instead of the measured wall time: the scripted drafter costs nothing, and a
