@@ -92,8 +92,11 @@ def replay_times(model, repeats: int = REPEATS) -> tuple[Optional[list[dict]], s
         return step
 
     return [
-        {"tokens": keep, "module_ms": 1e3 * _seconds(rollback(False, keep), repeats),
-         "kernel_ms": 1e3 * _seconds(rollback(True, keep), repeats)}
+        {
+            "tokens": keep,
+            "module_ms": 1e3 * _seconds(rollback(False, keep), repeats),
+            "kernel_ms": 1e3 * _seconds(rollback(True, keep), repeats),
+        }
         for keep in REPLAY_KEEP
     ], ""
 
@@ -213,9 +216,15 @@ def _replay_lines(report: dict) -> list[str]:
     head = f"Gated-delta rollback after a {REPLAY_BLOCK}-token verify (all gated-delta layers)"
     if report.get("replay") is None:
         return ["", f"{head}: {report.get('replay_note') or 'not measured'}."]
-    lines = ["", head + ":", "", "| tokens kept | module replay ms | replay kernel ms | speed-up |",
-             "|---:|---:|---:|---:|"]
+    lines = [
+        "",
+        head + ":",
+        "",
+        "| tokens kept | module replay ms | replay kernel ms | speed-up |",
+        "|---:|---:|---:|---:|",
+    ]
     for r in report["replay"]:
-        lines.append(f"| {r['tokens']} | {r['module_ms']:.3f} | {r['kernel_ms']:.3f} "
-                     f"| {r['module_ms'] / r['kernel_ms']:.2f}x |")
+        lines.append(
+            f"| {r['tokens']} | {r['module_ms']:.3f} | {r['kernel_ms']:.3f} | {r['module_ms'] / r['kernel_ms']:.2f}x |"
+        )
     return lines

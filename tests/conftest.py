@@ -88,3 +88,19 @@ def default_model(default_model_dir: Path):
     import mlx_lm
 
     return mlx_lm.load(str(default_model_dir))
+
+
+@pytest.fixture
+def src(tmp_path, config):
+    """A z-lab-layout checkpoint of the requesting module's `config` (converter tests)."""
+    try:
+        from convert_helpers import write_numpy_checkpoint
+    except ImportError:  # tests/ imported as a package
+        from tests.convert_helpers import write_numpy_checkpoint
+    return write_numpy_checkpoint(tmp_path / "src", config)
+
+
+@pytest.fixture
+def out(tmp_path):
+    """Where a converter test writes (absent until then)."""
+    return tmp_path / "out"

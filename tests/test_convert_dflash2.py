@@ -29,16 +29,6 @@ def config() -> dict:
     return drafter2_config(num_layers=1)
 
 
-@pytest.fixture
-def src(tmp_path, config):
-    return write_numpy_checkpoint(tmp_path / "src", config)
-
-
-@pytest.fixture
-def out(tmp_path):
-    return tmp_path / "out"
-
-
 def test_expected_keys_follow_the_released_layout(config):
     from converters.checkpoint import expected_tensors
     from dflash_mlx.config import parse_config

@@ -24,14 +24,6 @@ def config() -> dict:
     return drafter_config(num_layers=1)
 
 
-@pytest.fixture
-def src(tmp_path, config):
-    return write_numpy_checkpoint(tmp_path / "src", config)
-
-
-@pytest.fixture
-def out(tmp_path):
-    return tmp_path / "out"
 
 
 def test_valid_source_converts(src, out):

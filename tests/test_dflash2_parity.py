@@ -24,6 +24,7 @@ from dflash_mlx.drafter import build_drafter
 from dflash_mlx.drafter2 import Drafter2
 
 from conftest import SMOLLM2
+from test_reference_parity import CONFIGS as V1_CONFIGS
 from test_reference_parity import _chat, _ours_generate, _step_inputs
 from zlab_reference import zlab_generate
 
@@ -50,16 +51,8 @@ CONFIGS = {
         hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4, head_dim=16,
         intermediate_size=128, block_size=16, num_target_layers=8, target_layer_ids=[3],
         rope_theta=1_000_000.0, conv_kernel_size=3, conv_group_size=8, selector_top_k=12, selector_rank=16),
-    "sliding window 6, causal": dict(
-        hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
-        intermediate_size=96, block_size=8, num_target_layers=6, target_layer_ids=[1, 3],
-        rope_theta=10_000.0, sliding_window=6, use_sliding_window=True,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
-    "sliding window 5 < block, bidirectional": dict(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16,
-        intermediate_size=96, block_size=8, num_target_layers=6, target_layer_ids=[0, 5],
-        rope_theta=10_000.0, sliding_window=5, use_sliding_window=True, is_causal=False,
-        layer_types=["full_attention", "sliding_attention"]),
+    # v1's sliding-window cases (the convolutions and selector come with the DFlash2 defaults)
+    **{name: V1_CONFIGS[name] for name in ("sliding window 6, causal", "sliding window 5 < block, bidirectional")},
 }
 
 

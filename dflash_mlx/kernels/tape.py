@@ -48,9 +48,7 @@ class Tape:
         if state is None:  # the verify was the layer's first input
             state = mx.zeros((1, self.v.shape[2], self.v.shape[3], self.k.shape[3]), mx.float32)
         cache[0] = mx.contiguous(self.conv_input[:, keep : keep + window])
-        cache[1] = gated_delta_replay(
-            state, self.k[:, :keep], self.v[:, :keep], self.g[:, :keep], self.beta[:, :keep]
-        )
+        cache[1] = gated_delta_replay(state, self.k[:, :keep], self.v[:, :keep], self.g[:, :keep], self.beta[:, :keep])
 
 
 def supports(layer: nn.Module) -> bool:
@@ -92,8 +90,9 @@ def _mixer(mixer: nn.Module, x: mx.array, cache: ArraysCache) -> tuple[mx.array,
     k = k.reshape(B, L, mixer.num_k_heads, mixer.head_k_dim)
     v = v.reshape(B, L, mixer.num_v_heads, value)
     q, k = normalize_qk(q, k, inv_scale=mixer.head_k_dim**-0.5, eps=1e-6)
-    out, cache[1] = gated_delta_update(q, k, v, a, b, mixer.A_log, mixer.dt_bias, cache[1], None,
-                                       use_kernel=not mixer.training)
+    out, cache[1] = gated_delta_update(
+        q, k, v, a, b, mixer.A_log, mixer.dt_bias, cache[1], None, use_kernel=not mixer.training
+    )
     cache.advance(L)
     out = linear(mixer.out_proj, mixer.norm(out, z).reshape(B, L, -1))
     # g and beta as gated_delta_update derives them (lazy: computed only if a rollback reads them)
@@ -110,4 +109,3 @@ def decoder_layer(layer: nn.Module, x: mx.array, cache: ArraysCache) -> tuple[mx
 def any_supported(layers: list[nn.Module]) -> bool:
     """Whether some layer of a target can record a tape."""
     return any(supports(layer) for layer in layers)
-

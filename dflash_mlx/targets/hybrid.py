@@ -30,8 +30,9 @@ class HybridTarget(Target):
         self.kernels = on and tape.any_supported(self.layers)
         return self
 
-    def layer_forward(self, i: int, h: mx.array, mask: Any, cache: Any, explicit: bool,
-                      checkpoint: Optional[Checkpoint]) -> mx.array:
+    def layer_forward(
+        self, i: int, h: mx.array, mask: Any, cache: Any, explicit: bool, checkpoint: Optional[Checkpoint]
+    ) -> mx.array:
         """A recurrent layer of a kernel-path verify records its tape; the others run their own call."""
         layer = self.layers[i]
         if explicit and checkpoint is not None and tape.takes(layer, mask, cache):
