@@ -77,38 +77,23 @@ inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(int(a) |
 inline void threadgroup_barrier(mem_flags) { emu::current_group->barrier(emu::Scope::threadgroup); }
 inline void simdgroup_barrier(mem_flags) { emu::current_group->barrier(emu::Scope::simdgroup); }
 
-template <class T>
-T simd_sum(T v) {
-  return emu::simd_exchange(v, [](auto read, int, int width) {
+// A whole-simdgroup reduction: every lane gets op folded over all lanes' values, in lane order.
+template <class T, class Op>
+T simd_fold_(T v, Op op) {
+  return emu::simd_exchange(v, [op](auto read, int, int width) {
     T s = read(0);
-    for (int l = 1; l < width; l++) s += read(l);
+    for (int l = 1; l < width; l++) s = op(s, read(l));
     return s;
   });
 }
 template <class T>
-T simd_prod(T v) {
-  return emu::simd_exchange(v, [](auto read, int, int width) {
-    T s = read(0);
-    for (int l = 1; l < width; l++) s *= read(l);
-    return s;
-  });
-}
+T simd_sum(T v) { return simd_fold_(v, [](T a, T b) { return a + b; }); }
 template <class T>
-T simd_max(T v) {
-  return emu::simd_exchange(v, [](auto read, int, int width) {
-    T s = read(0);
-    for (int l = 1; l < width; l++) s = max(s, read(l));
-    return s;
-  });
-}
+T simd_prod(T v) { return simd_fold_(v, [](T a, T b) { return a * b; }); }
 template <class T>
-T simd_min(T v) {
-  return emu::simd_exchange(v, [](auto read, int, int width) {
-    T s = read(0);
-    for (int l = 1; l < width; l++) s = min(s, read(l));
-    return s;
-  });
-}
+T simd_max(T v) { return simd_fold_(v, [](T a, T b) { return max(a, b); }); }
+template <class T>
+T simd_min(T v) { return simd_fold_(v, [](T a, T b) { return min(a, b); }); }
 template <class T>
 T simd_prefix_inclusive_sum(T v) {
   return emu::simd_exchange(v, [](auto read, int lane, int) {

@@ -132,17 +132,11 @@ def smol2_drafters(tmp_path_factory):
     """DFlash2 drafters for the default target in z-lab's released layout (float32):
     "random", and "comma" (mask token ",", attention / MLP outputs scaled down: it
     proposes "," nearly everywhere, so a comma-separated answer accepts drafts)."""
-    import torch
-
     random_config = _smol2_config(4)
     out = {"random": zr.save_zlab_checkpoint(zr.make_torch_drafter(random_config, seed=31), random_config,
                                              tmp_path_factory.mktemp("random2"))}
     comma_config = _smol2_config(COMMA)
-    comma = zr.make_torch_drafter(comma_config, seed=32)
-    with torch.no_grad():
-        for name, param in comma.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                param.mul_(0.05)
+    comma = zr.make_comma_drafter(comma_config, seed=32)
     out["comma"] = zr.save_zlab_checkpoint(comma, comma_config, tmp_path_factory.mktemp("comma2"))
     return out
 

@@ -281,6 +281,20 @@ def make_torch_drafter(
     return model
 
 
+def make_comma_drafter(config: dict, seed: int):
+    """:func:`make_torch_drafter` with attention and MLP outputs scaled down 20x: its
+    block barely moves from the mask embedding, so with mask token "," it proposes ","
+    everywhere (accepted drafts on comma-separated answers)."""
+    import torch
+
+    model = make_torch_drafter(config, seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.mul_(0.05)
+    return model
+
+
 def _scale_dflash2(name: str, param, noise, hidden_size: int) -> None:
     """Random DFlash2 weights whose effects are not negligible: convolution base kernels
     near the identity (1 at offset 0) with spread 0.5, per-token kernels of about 0.1,
