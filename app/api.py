@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from dflash_mlx.messages import apply_chat_template
+from dflash_mlx.options import DecodeOptions, OptionError
 
 __all__ = [
     "APIError",
@@ -29,6 +30,8 @@ __all__ = [
     "usage",
 ]
 
+#: Request fields by `DecodeOptions` field, where OpenAI names them differently.
+API_NAMES = {"temp": "temperature"}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 16
 #: Fields refused when set to anything but their off value: we do not implement them.
@@ -61,6 +64,7 @@ class ModelInfo:
     default_max_tokens: int
     aliases: tuple[str, ...] = ()
     has_draft: bool = True
+    options: DecodeOptions = DecodeOptions()  # the server's own (block size, kernels); requests add sampling
 
 
 @dataclass
@@ -70,10 +74,7 @@ class CompletionRequest:
     chat: bool  # /v1/chat/completions, else /v1/completions
     prompt: list[int]
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: Optional[int] = None
+    options: DecodeOptions = DecodeOptions()
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -202,18 +203,21 @@ def _max_tokens(body: dict, info: ModelInfo, prompt_tokens: int) -> int:
     return min(value, info.context_length - prompt_tokens)
 
 
-def _sampling(body: dict) -> dict:
-    temperature = _number(body, "temperature", 1.0)
-    if temperature < 0:
-        raise APIError(f"'temperature' must be >= 0; got {temperature:g}", param="temperature")
-    top_p = _number(body, "top_p", 1.0)
-    if not 0 < top_p <= 1:
-        raise APIError(f"'top_p' must be in (0, 1]; got {top_p:g}", param="top_p")
-    top_k = _integer(body, "top_k") or 0
-    if top_k < -1:
-        raise APIError(f"'top_k' must be >= 0 (0 or -1: off); got {top_k}", param="top_k")
-    seed = _integer(body, "seed")
-    return dict(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=None if seed is None else seed % 2**63)
+def _options(body: dict, server: DecodeOptions) -> DecodeOptions:
+    """The server's options with the request's sampling fields (OpenAI's defaults:
+    temperature 1; top_k -1 means off; any seed is taken modulo 2**63)."""
+    top_k, seed = _integer(body, "top_k"), _integer(body, "seed")
+    sampling = dict(
+        temp=_number(body, "temperature", 1.0),
+        top_p=_number(body, "top_p", 1.0),
+        top_k=0 if top_k in (None, -1) else top_k,
+        seed=None if seed is None else seed % 2**63,
+    )
+    try:
+        return replace(server, **sampling)
+    except OptionError as e:  # checked where every front end's options are
+        name = API_NAMES.get(e.field, e.field)
+        raise APIError(e.named(f"'{name}'"), param=name) from None
 
 
 def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionRequest:
@@ -247,7 +251,7 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
         model=info.id,
         id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
         created=int(time.time()),
-        **_sampling(body),
+        options=_options(body, info.options),
     )
 
 

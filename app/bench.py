@@ -12,13 +12,14 @@ import json
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from dflash_mlx.adaptive import BlockSizePolicy
 from dflash_mlx.messages import apply_chat_template, read_prompt_file, user_messages
-from dflash_mlx.speculative import histogram
+from dflash_mlx.options import DecodeOptions
+from dflash_mlx.stats import histogram
 
 DEFAULT_PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -112,14 +113,16 @@ def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
     too: it accepts nothing, so its speed is the loop's pure overhead."""
     import mlx.core as mx
 
-    from dflash_mlx.drafter import Drafter, save_drafter
-    from dflash_mlx.target import Target
+    from dflash_mlx.drafter import Drafter
+    from dflash_mlx.drafters import save_drafter
+    from dflash_mlx.targets import make_target
     from dflash_mlx.train import default_mask_token_id, make_config
 
     mx.random.seed(seed)
-    config = make_config(Target(model), num_layers=2, block_size=16, mask_token_id=default_mask_token_id(tokenizer))
-    save_drafter(Drafter(config), path)
-    return path
+    config = make_config(
+        make_target(model), num_layers=2, block_size=16, mask_token_id=default_mask_token_id(tokenizer)
+    )
+    return save_drafter(Drafter(config), path)
 
 
 def draft_milliseconds(model, drafter, context: int = 256, repeats: int = 20) -> float:
@@ -127,9 +130,9 @@ def draft_milliseconds(model, drafter, context: int = 256, repeats: int = 20) ->
     context (the median of `repeats`, after a warm-up): the draft's share of a cycle."""
     import mlx.core as mx
 
-    from dflash_mlx.target import Target
+    from dflash_mlx.targets import make_target
 
-    target, B = Target(model), drafter.config.block_size
+    target, B = make_target(model), drafter.config.block_size
     cache = drafter.make_cache()
     width = len(drafter.config.target_layer_ids) * target.hidden_size
     drafter.append_context(mx.random.normal((1, context, width), dtype=drafter.fc.weight.dtype), cache)
@@ -188,22 +191,18 @@ def run_bench(
     draft_path: Optional[str] = None,
     prompts: Optional[list[str]] = None,
     max_tokens: int = 128,
-    block_size: Optional[int] = None,
+    options: DecodeOptions = DecodeOptions(),
     reference: bool = True,
     progress: Optional[Callable[[str], None]] = None,
     fixed_sizes: Sequence[int] = (),
     draft_vocab: Optional[str] = None,
-    kernels: Optional[bool] = None,
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method. `draft_path`
-    "random" measures the loop's overhead with an untrained drafter. Ours runs with
-    `block_size` (None: adaptive, one policy across the prompts, as a chat keeps one),
-    once more for each of `fixed_sizes`, and once more for each further draft vocabulary
-    of `draft_vocab` (comma-separated files or 'none'; the first is ours'); `kernels` as in
-    `stream_generate`."""
-    import mlx_lm
-
-    from dflash_mlx import load, load_draft, stream_generate
+    "random" measures the loop's overhead with an untrained drafter. Ours decodes with
+    `options` (adaptive block size: one policy across the prompts, as a chat keeps one),
+    once more with each of `fixed_sizes`, and once more for each further draft vocabulary
+    of `draft_vocab` (comma-separated files or 'none'; the first is ours')."""
+    from dflash_mlx import load, load_draft
     from dflash_mlx.defaults import default_model_path
     from dflash_mlx.loading import DEFAULT_DRAFT_DIR
 
@@ -212,60 +211,16 @@ def run_bench(
     model, tokenizer = load(model_dir)
     if draft_path == "random":
         with tempfile.TemporaryDirectory(prefix="dflash-random-drafter-") as tmp:
+            random_dir = str(_random_drafter(model, tokenizer, Path(tmp) / "drafter"))
             return run_bench(
-                model_dir,
-                str(_random_drafter(model, tokenizer, Path(tmp))),
-                prompts,
-                max_tokens,
-                block_size,
-                reference,
-                progress,
-                fixed_sizes,
-                draft_vocab,
-                kernels,
+                model_dir, random_dir, prompts, max_tokens, options, reference, progress, fixed_sizes, draft_vocab
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
     drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
     drafter = drafters[0]
-    block = block_size or drafter.config.block_size
-
-    def plain(prompt):
-        chunks, seconds, _ = _clock(
-            mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens), lambda r: [r.token]
-        )
-        return chunks, seconds, 0, 0
-
-    def ours(size: Optional[int], drafter=drafter) -> Callable:
-        policy = BlockSizePolicy(drafter.config.block_size) if size is None else None
-
-        def run(prompt):
-            chunks, seconds, last = _clock(
-                stream_generate(
-                    model,
-                    tokenizer,
-                    prompt,
-                    drafter,
-                    max_tokens=max_tokens,
-                    block_size=size,
-                    policy=policy,
-                    kernels=kernels,
-                ),
-                lambda r: [r.token],
-            )
-            return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths), last.stats.block_sizes
-
-        return run
-
-    methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours(block_size)}
-    for size in fixed_sizes:
-        if size != block_size and 2 <= size <= drafter.config.block_size:
-            methods[f"dflash-mlx B={size}"] = ours(size)
-    timed = {"dflash-mlx (ours)": drafter}  # rows that get a draft time
-    for other in drafters[1:]:
-        name = f"dflash-mlx vocab {_vocab_label(other)}"
-        methods[name], timed[name] = ours(block_size, other), other
-    zlab = _zlab_method(model_dir, draft_dir, block, max_tokens) if reference else None
+    methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, fixed_sizes)
+    zlab = _zlab_method(model_dir, draft_dir, options.block_limit(drafter), max_tokens) if reference else None
     if zlab is not None:
         methods["z-lab MLX (reference)"] = zlab
 
@@ -276,16 +231,53 @@ def run_bench(
     for result in results:
         if result.name in timed:
             result.draft_ms = draft_milliseconds(model, timed[result.name])
-    rows = _rows(results)
     return {
         "model": model_dir,
         "draft": str(draft_dir),
-        "block_size": block_size or "adaptive",
+        "block_size": options.block_size or "adaptive",
         "draft_vocab": _vocab_label(drafter),
         "max_tokens": max_tokens,
         "prompts": len(prompts),
-        "results": rows,
+        "results": _rows(results),
     }
+
+
+def _methods(
+    model, tokenizer, drafters: list, options: DecodeOptions, max_tokens: int, fixed_sizes: Sequence[int]
+) -> tuple[dict[str, Callable], dict[str, object]]:
+    """Plain mlx-lm and our runs by name (with `options`, each fixed size, each further
+    drafter), and the drafter of each row that gets a draft time."""
+    import mlx_lm
+
+    from dflash_mlx import stream_generate
+
+    drafter = drafters[0]
+
+    def plain(prompt):
+        stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)
+        chunks, seconds, _ = _clock(stream, lambda r: [r.token])
+        return chunks, seconds, 0, 0
+
+    def ours(options: DecodeOptions, drafter=drafter) -> Callable:
+        policy = BlockSizePolicy(drafter.config.block_size) if options.adaptive(drafter) else None
+
+        def run(prompt):
+            stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)
+            chunks, seconds, last = _clock(stream, lambda r: [r.token])
+            return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths), last.stats.block_sizes
+
+        return run
+
+    methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours(options)}
+    options.block_limit(drafter)  # a fixed size the drafter cannot verify: one line, before any run
+    for size in fixed_sizes:
+        if size != options.block_size and 2 <= size <= drafter.config.block_size:
+            methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))
+    timed = {"dflash-mlx (ours)": drafter}
+    for other in drafters[1:]:
+        name = f"dflash-mlx vocab {_vocab_label(other)}"
+        methods[name], timed[name] = ours(options, other), other
+    return methods, timed
 
 
 def markdown_table(report: dict) -> str:

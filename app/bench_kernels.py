@@ -59,9 +59,9 @@ def replay_times(model, repeats: int = REPEATS) -> tuple[Optional[list[dict]], s
 
     from dflash_mlx.kernels import metal_ready
     from dflash_mlx.rollback import Checkpoint
-    from dflash_mlx.target import Target
+    from dflash_mlx.targets import make_target
 
-    own, taped = Target(model), Target(model).use_kernels()
+    own, taped = make_target(model), make_target(model).use_kernels()
     if not metal_ready():
         return None, "not measured: no Metal GPU here (the replay kernel runs only on a Mac)"
     if not taped.kernels:
@@ -113,14 +113,14 @@ def run_kernel_bench(
 
     from dflash_mlx.defaults import default_model_path
     from dflash_mlx.kernels import decoder, metal_ready, verify_qmm
-    from dflash_mlx.target import Target
+    from dflash_mlx.targets import make_target
 
     model, note = _quantized_target(model_path)
     metal = metal_ready()
     layer = model.model.layers[0]
     projections = [p for p in decoder.projections(layer) if decoder.kernel_takes(p)]
     dtype = projections[0].scales.dtype if projections else mx.float16
-    targets = {False: Target(model), True: Target(model).use_kernels()}
+    targets = {False: make_target(model), True: make_target(model).use_kernels()}
     caches = {}
     for kernels, target in targets.items():
         caches[kernels] = make_prompt_cache(model)

@@ -11,6 +11,7 @@ module is the app itself: it routes input, slash commands and engine events.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Callable
 
 from textual import on
@@ -18,6 +19,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input
+
+from dflash_mlx.options import DecodeOptions, OptionError
 
 from .engine import Cleared, Engine, Event, Failed, Finished, Loaded, Prefill, Settings, Snapshot, Status, Token
 from .commands import SlashCommands
@@ -294,10 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", default=None, help="target model path or HF repo (default: built-in)")
     p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the target's)")
-    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
-    p.add_argument("--block-size", type=int, default=None, help="drafter block size (default: the drafter's)")
+    d = DecodeOptions()
+    p.add_argument("--temp", type=float, default=d.temp, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling threshold")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="sample from the k most likely tokens (0 = all)")
+    p.add_argument("--block-size", type=int, default=d.block_size, help="drafter block size (default: adaptive)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--draft-vocab", default=None, help="draft vocabulary file, or 'none' (default: the drafter's own)")
@@ -307,23 +311,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def app_from_args(argv: list[str] | None = None) -> ChatApp:
+    """The app the command line asks for; a bad option is an `OptionError` naming it."""
     args = build_parser().parse_args(argv)
-    settings = Settings(
-        temp=args.temp,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        block_size=args.block_size,
-        max_tokens=args.max_tokens,
-        baseline=args.no_draft,
-        kernels=False if args.no_kernels else None,
-    )
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
+    kernels = False if args.no_kernels else None
+    options = DecodeOptions(args.temp, args.top_p, args.top_k, block_size=args.block_size, kernels=kernels)
+    settings = Settings(options, max_tokens=args.max_tokens, baseline=args.no_draft)
     return ChatApp(
         model=args.model, draft=args.draft, settings=settings, system=args.system, draft_vocab=args.draft_vocab
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    app_from_args(argv).run()
+    try:
+        app = app_from_args(argv)
+    except OptionError as e:  # one line naming the flag, exit code 1
+        sys.exit(f"dflash-chat: error: {e.named('--' + e.field.replace('_', '-'))}")
+    except ValueError as e:
+        sys.exit(f"dflash-chat: error: {e}")
+    app.run()
 
 
 if __name__ == "__main__":

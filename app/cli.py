@@ -19,6 +19,10 @@ import typer
 from converters.convert import ConvertOptions, convert_drafter, convert_target_model, export_drafter
 from dflash_mlx.config import parse_layer_ids
 from dflash_mlx.errors import EXPECTED_ERRORS, one_line
+from dflash_mlx.options import DecodeOptions, OptionError
+
+#: The decoding defaults, which the options below show (`DecodeOptions` owns them).
+DEFAULTS = DecodeOptions()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DFlash speculative decoding on MLX.")
 
@@ -35,6 +39,9 @@ def one_line_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except OptionError as e:  # named by its flag: --top-p, --block-size, ...
+            typer.secho(f"error: {e.named('--' + e.field.replace('_', '-'))}", err=True, fg="red")
+            raise typer.Exit(1) from None
         except EXPECTED_ERRORS as e:
             typer.secho(f"error: {one_line(e)}", err=True, fg="red")
             raise typer.Exit(1) from None
@@ -43,6 +50,11 @@ def one_line_errors(fn: Callable) -> Callable:
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def _kernels(no_kernels: bool) -> Optional[bool]:
+    """--no-kernels as `DecodeOptions.kernels` (None: on where they run)."""
+    return False if no_kernels else None
 
 
 @app.command()
@@ -60,11 +72,13 @@ def generate(
         None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
     ),
     max_tokens: int = typer.Option(256, "--max-tokens", "-m"),
-    temp: float = typer.Option(0.0, "--temp"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    block_size: Optional[int] = typer.Option(None, "--block-size"),
+    temp: float = typer.Option(DEFAULTS.temp, "--temp", help="Sampling temperature (0: greedy)."),
+    top_p: float = typer.Option(DEFAULTS.top_p, "--top-p", help="Nucleus sampling threshold in (0, 1]."),
+    top_k: int = typer.Option(DEFAULTS.top_k, "--top-k", help="Sample among the k most likely tokens (0: off)."),
+    seed: Optional[int] = typer.Option(DEFAULTS.seed, "--seed"),
+    block_size: Optional[int] = typer.Option(
+        DEFAULTS.block_size, "--block-size", help="Tokens verified per cycle, 2 .. the drafter's (default: adaptive)."
+    ),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     no_kernels: bool = typer.Option(
@@ -76,14 +90,15 @@ def generate(
     from dflash_mlx.messages import apply_chat_template, user_messages
     from dflash_mlx.speculative import format_stats
 
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+    options = DecodeOptions(temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True)
     target, tokenizer = load(model)
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if not raw and tokenizer.chat_template:
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
     last = None
-    options = dict(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, seed=seed, block_size=block_size)
-    options.update(kernels=False if no_kernels else None)
-    for last in stream_generate(target, tokenizer, prompt, drafter, profile=True, **options):
+    for last in stream_generate(target, tokenizer, prompt, drafter, options, max_tokens=max_tokens):
         sys.stdout.write(last.text)
         sys.stdout.flush()
     print()
@@ -139,18 +154,18 @@ def bench(
         if json_out:
             write_json(report, json_out)
         return
+    options = DecodeOptions(block_size=block_size, kernels=kernels)
     with console.status("benchmarking") as status:
         report = run_bench(
             model,
             draft,
             read_prompts(prompts) if prompts else None,
             max_tokens,
-            block_size,
+            options,
             reference,
             progress=lambda msg: status.update(msg),
             fixed_sizes=[int(b) for b in fixed.split(",") if b.strip()],
             draft_vocab=draft_vocab,
-            kernels=kernels,
         )
     print(markdown_table(report))
     if json_out:
@@ -224,7 +239,9 @@ def serve(
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port"),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Fixed block size (default: adaptive)."),
+    block_size: Optional[int] = typer.Option(
+        DEFAULTS.block_size, "--block-size", help="Fixed block size (default: adaptive)."
+    ),
     max_tokens: int = typer.Option(512, "--max-tokens", help="For requests that do not set max_tokens."),
     no_kernels: bool = typer.Option(
         False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
@@ -234,18 +251,11 @@ def serve(
     from .serve_worker import Worker
     from .server import run_server
 
-    if block_size is not None and block_size < 2:
-        raise ValueError(f"--block-size must be at least 2, got {block_size}")
+    options = DecodeOptions(block_size=block_size, kernels=_kernels(no_kernels))
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     worker = Worker(
-        model,
-        draft,
-        block_size=block_size,
-        default_max_tokens=max_tokens,
-        no_draft=no_draft,
-        draft_vocab=draft_vocab,
-        kernels=False if no_kernels else None,
+        model, draft, options=options, default_max_tokens=max_tokens, no_draft=no_draft, draft_vocab=draft_vocab
     )
     run_server(worker, host, port)
     # Stopped cleanly. MLX can abort in interpreter teardown while arrays of the ended

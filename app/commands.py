@@ -6,6 +6,7 @@ widgets and engine; `command` dispatches ``/name arg`` to ``cmd_name(arg)``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from textual.widgets import Markdown
@@ -54,30 +55,22 @@ class SlashCommands:
         self.refresh_stats()
 
     async def cmd_temp(self, arg: str) -> None:
-        try:
-            value = float(arg)
-            if value < 0:
-                raise ValueError
+        try:  # DecodeOptions checks the value (OptionError is a ValueError)
+            self.settings.options = replace(self.settings.options, temp=float(arg))
         except ValueError:
             await self.note("Usage: /temp X  with X >= 0 (0 = greedy).", "error")
             return
-        self.settings.temp = value
-        await self.note(f"Temperature set to {value:g}.")
+        await self.note(f"Temperature set to {self.settings.options.temp:g}.")
         self.refresh_stats()
 
     async def cmd_block(self, arg: str) -> None:
-        if arg.lower() in ("auto", "default"):
-            self.settings.block_size = None
-        else:
-            try:
-                value = int(arg)
-                if value < 2:
-                    raise ValueError
-            except ValueError:
-                await self.note("Usage: /block N  with N >= 2, or /block auto.", "error")
-                return
-            self.settings.block_size = value
-        await self.note(f"Block size set to {self.settings.block_size or 'auto'}.")
+        try:
+            size = None if arg.lower() in ("auto", "default") else int(arg)
+            self.settings.options = replace(self.settings.options, block_size=size)
+        except ValueError:
+            await self.note("Usage: /block N  with N >= 2, or /block auto.", "error")
+            return
+        await self.note(f"Block size set to {self.settings.options.block_size or 'auto'}.")
         self.refresh_stats()
 
     async def cmd_baseline(self, arg: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from dflash_mlx.errors import one_line
 from dflash_mlx.messages import apply_chat_template
+from dflash_mlx.options import DecodeOptions
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 BAR_HISTORY = 64  # how many of the last blocks' accepted lengths the events carry
@@ -26,22 +27,19 @@ BAR_HISTORY = 64  # how many of the last blocks' accepted lengths the events car
 
 @dataclass
 class Settings:
-    """Decoding settings, sent along with every `generate` command."""
+    """What every `generate` command carries: how to decode, how long, with the drafter or not."""
 
-    temp: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    block_size: int | None = None
+    options: DecodeOptions = DecodeOptions()
     max_tokens: int = 512
     baseline: bool = False  # target-only decoding through the same loop
-    kernels: bool | None = None  # the custom Metal kernels (None: on where they run, Apple GPUs)
 
     def describe(self, has_draft: bool = True, block_in_use: int | None = None) -> str:
         """The footer line; `block_in_use`: the block size of the last cycle, if any."""
+        o = self.options
         mode = "baseline (target only)" if self.baseline or not has_draft else "DFlash"
-        size = self.block_size or ("auto" + (f" ({block_in_use})" if block_in_use else ""))
+        size = o.block_size or ("auto" + (f" ({block_in_use})" if block_in_use else ""))
         block = "" if self.baseline or not has_draft else f" B={size}"
-        return f"{mode}{block} · T={self.temp:g} · top-p {self.top_p:g} · max {self.max_tokens}"
+        return f"{mode}{block} · T={o.temp:g} · top-p {o.top_p:g} · max {self.max_tokens}"
 
 
 # --------------------------------------------------------------------------- events
@@ -298,13 +296,9 @@ class Engine:
             self.model,
             self.tokenizer,
             prompt,
-            draft_model=draft,
+            draft,
+            settings.options,
             max_tokens=settings.max_tokens,
-            temp=settings.temp,
-            top_p=settings.top_p,
-            top_k=settings.top_k,
-            block_size=settings.block_size,
-            kernels=settings.kernels,
             prompt_cache=self.cache,
             prompt_progress_callback=progress,
         )

@@ -19,11 +19,12 @@ import gc
 import queue
 import secrets
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from app.api import CompletionRequest, ModelInfo
 from app.engine import describe_error
+from dflash_mlx.options import DecodeOptions
 
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "QueueFull", "Worker"]
 
@@ -129,12 +130,12 @@ class Worker:
 
     Args:
         model, draft: references for `load` / `load_draft` (None: the defaults).
-        block_size: fixed block size, or None for adaptive.
+        options: the server's decoding options (block size, kernels); each request sets
+            the sampling ones.
         default_max_tokens: for requests that do not set one.
         max_queue: requests waiting at most (beyond that `submit` raises `QueueFull`).
         no_draft: decode with the target alone.
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
-        kernels: the custom Metal kernels on/off (None: on on Apple GPUs).
     """
 
     def __init__(
@@ -142,17 +143,15 @@ class Worker:
         model: Optional[str] = None,
         draft: Optional[str] = None,
         *,
-        block_size: Optional[int] = None,
+        options: DecodeOptions = DecodeOptions(),
         default_max_tokens: int = 512,
         max_queue: int = 64,
         cache_slots: int = 4,
         no_draft: bool = False,
         draft_vocab: Optional[str] = None,
-        kernels: Optional[bool] = None,
     ):
         self.model_ref, self.draft_ref, self.no_draft, self.draft_vocab = model, draft, no_draft, draft_vocab
-        self.kernels = kernels
-        self.block_size, self.default_max_tokens, self.cache_slots = block_size, default_max_tokens, cache_slots
+        self.options, self.default_max_tokens, self.cache_slots = options, default_max_tokens, cache_slots
         self.info: Optional[ModelInfo] = None
         self.load_error: Optional[str] = None
         self.ready = threading.Event()  # set once loading ended, well or not
@@ -215,13 +214,15 @@ class Worker:
             if self.no_draft
             else dflash_mlx.load_draft(self.draft_ref, model=self.model, draft_vocab=self.draft_vocab)
         )
+        self.options.block_limit(self.draft)  # a --block-size the drafter cannot verify fails the start
         self.pool = CachePool(lambda: dflash_mlx.make_prompt_cache(self.model, self.draft), self.cache_slots)
         args = getattr(self.model, "args", None)
         context = getattr(args, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 0)
         name = self.model_ref.rstrip("/").rsplit("/", 1)[-1] if self.model_ref else "SmolLM2-135M-Instruct"
         aliases = tuple({self.model_ref, "default"} - {None, name})
         context = int(context) if context and context < 10**7 else 4096
-        self.info = ModelInfo(name, self.tokenizer, context, self.default_max_tokens, aliases, self.draft is not None)
+        has_draft = self.draft is not None
+        self.info = ModelInfo(name, self.tokenizer, context, self.default_max_tokens, aliases, has_draft, self.options)
 
     def _run(self) -> None:
         try:
@@ -241,26 +242,15 @@ class Worker:
                 self.served += 1
         self.model = self.tokenizer = self.draft = self.pool = None
 
-    def _options(self, req: CompletionRequest) -> dict:
-        """stream_generate's options. A seeded sampled request decodes with a fixed block
-        size: adaptive sizes depend on timings and would change which random numbers go
-        where, so the same seed would not give the same text. Unseeded sampled requests
+    def _options(self, req: CompletionRequest) -> DecodeOptions:
+        """The request's options as decoded. A seeded sampled request decodes with a fixed
+        block size: adaptive sizes depend on timings and would change which random numbers
+        go where, so the same seed would not give the same text. Unseeded sampled requests
         get a fresh random seed (the generator is shared by all requests)."""
-        block, seed = self.block_size, req.seed
-        if req.temperature > 0 and seed is None:
-            seed = secrets.randbits(63)
-        elif req.temperature > 0 and block is None and self.draft is not None:
-            block = self.draft.config.block_size
-        return dict(
-            max_tokens=req.max_tokens,
-            temp=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            block_size=block,
-            seed=seed,
-            kernels=self.kernels,
-            stop=req.stop,
-        )
+        options = req.options
+        if options.temp > 0 and options.seed is None:
+            return replace(options, seed=secrets.randbits(63))
+        return options.fixed(self.draft) if options.temp > 0 else options
 
     def _generate(self, job: Job) -> None:
         import dflash_mlx
@@ -279,9 +269,11 @@ class Worker:
             self.tokenizer,
             job.request.prompt,
             self.draft,
+            self._options(job.request),
+            max_tokens=job.request.max_tokens,
+            stop=job.request.stop,
             prompt_cache=cache,
             prompt_progress_callback=progress,
-            **self._options(job.request),
         )
         last, reason = None, "cancelled"
         try:

@@ -144,7 +144,7 @@ def draft_vocab_command(
     from dflash_mlx.draft_vocab import build_draft_vocab, save_draft_vocab
     from dflash_mlx.loading import load
     from dflash_mlx.messages import apply_chat_template
-    from dflash_mlx.target import Target
+    from dflash_mlx.targets import make_target
     from dflash_mlx.train.data import iter_records
 
     counts: Counter = Counter()
@@ -159,7 +159,7 @@ def draft_vocab_command(
     turn = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     specials = set(apply_chat_template(tokenizer, turn)) & set(getattr(tokenizer, "all_special_ids", []) or [])
     ids, covered = build_draft_vocab(counts, size=size, coverage=coverage, required=set(eos) | specials,
-                                     vocab_size=Target(target).vocab_size)
+                                     vocab_size=make_target(target).vocab_size)
     if not (out.is_dir() or out.suffix == ".json"):
         raise ValueError(f"--out must be a drafter directory or a .json file, got {out}")
     file = save_draft_vocab(ids, out, eos, covered, source=", ".join(str(d) for d in data))

@@ -25,7 +25,6 @@ Quantized drafters are dequantized first.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -40,7 +39,8 @@ from mlx.utils import tree_flatten
 from dflash_mlx.atomic import atomic_directory
 from dflash_mlx.config import parse_config
 from dflash_mlx.draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
-from dflash_mlx.drafter import Drafter, DrafterConfig, check_fit, read_config
+from dflash_mlx.drafter import Drafter, DrafterConfig, check_fit
+from dflash_mlx.drafters import read_config, write_drafter_files
 from dflash_mlx.errors import one_line
 from dflash_mlx.hub import ResolvedSource, resolve_source
 
@@ -85,13 +85,13 @@ def _load_target_dims(target: str):
     """(num_layers, hidden_size, vocab_size, embedding rows) of a target, loaded lazily
     (no weights are read). "default" is the built-in default target."""
     from dflash_mlx.loading import load
-    from dflash_mlx.target import Target
+    from dflash_mlx.targets import make_target
 
     try:
         model, _ = load(None if target == "default" else target, lazy=True)
     except Exception as e:  # mlx-lm / hub errors of many kinds: keep one line
         raise ValueError(f"cannot load target {target} ({one_line(e)})") from None
-    t = Target(model)
+    t = make_target(model)
     rows = t.body.embed_tokens.weight.shape[0]
     return t.num_layers, t.hidden_size, t.vocab_size, rows
 
@@ -178,8 +178,7 @@ def _write_drafter(
     draft_vocab: Optional[str] = None,
 ) -> None:
     with atomic_directory(out, overwrite=force) as tmp:
-        mx.save_safetensors(str(tmp / "model.safetensors"), arrays, metadata={"format": fmt})
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_drafter_files(tmp, arrays, config, fmt)
         if card is not None:
             (tmp / "README.md").write_text(card)
         if draft_vocab is not None:

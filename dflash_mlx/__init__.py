@@ -8,20 +8,21 @@ from .adaptive import BlockSizePolicy  # noqa: E402
 from .drafter import Drafter, DrafterConfig  # noqa: E402
 from .drafter2 import Drafter2, Drafter2Config  # noqa: E402
 from .loading import load, load_draft  # noqa: E402
+from .options import DecodeOptions, OptionError  # noqa: E402
 from .speculative import (  # noqa: E402
     GenerationResponse,
-    GenerationStats,
     PromptCache,
     generate,
     generate_step,
-    histogram,
     make_prompt_cache,
     stream_generate,
 )
 from .sampling import SamplingParams  # noqa: E402
+from .stats import GenerationStats, histogram  # noqa: E402
 
 __all__ = [
-    "BlockSizePolicy", "Drafter", "Drafter2", "Drafter2Config", "DrafterConfig", "GenerationResponse",
+    "BlockSizePolicy", "DecodeOptions", "Drafter", "Drafter2", "Drafter2Config", "DrafterConfig", "GenerationResponse",
+    "OptionError",
     "GenerationStats", "PromptCache", "SamplingParams", "generate", "generate_step", "histogram", "load",
     "load_draft", "make_prompt_cache", "stream_generate",
 ]

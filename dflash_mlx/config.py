@@ -14,7 +14,8 @@ from typing import Any, Optional, Sequence
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .drafter import DrafterConfig
-from .drafter2 import DFLASH2_FIELDS, Drafter2Config, config_from_dict, is_dflash2
+from .drafter2 import DFLASH2_FIELDS, Drafter2Config
+from .drafters import config_class, config_from_dict
 
 __all__ = ["check_config", "parse_config", "parse_layer_ids"]
 
@@ -52,7 +53,7 @@ def parse_config(
         raise ValueError(
             f"config.json architectures {arch} is not a DFlash drafter (expected DFlashDraftModel or DFlash2DraftModel)"
         )
-    if not is_dflash2(raw):
+    if config_class(raw) is not Drafter2Config:
         stray = [k for k in DFLASH2_FIELDS if _dflash_value(raw, k) is not None]
         if stray:
             raise ValueError(f"config.json sets {stray[0]}, a DFlash2 field, but architectures is {arch}")

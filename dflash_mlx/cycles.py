@@ -9,7 +9,7 @@ steps then costs what plain mlx-lm decoding does.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
@@ -25,24 +25,25 @@ PREFILL_STEP = 2048
 
 @dataclass
 class Cycle:
-    """One cycle's outcome. `tokens` is a lazy scalar until `read()` for the prefill and
-    plain steps."""
+    """One cycle's outcome. A queued one (the prefill, a plain step) holds its token lazy
+    in `queued` until `Cycles.read` brings it to the host."""
 
     size: int  # tokens verified (1: a plain step; 0: the prefill)
-    tokens: Union[mx.array, list[int]]
     accepted: int
     logprobs: list[mx.array]
     drafting: float = 0.0  # seconds of it spent drafting (profiling only)
+    tokens: list[int] = field(default_factory=list)  # the committed tokens, once on the host
+    queued: Optional[mx.array] = None  # a queued step's token (a lazy scalar), until read
 
     @property
     def ready(self) -> bool:
-        return isinstance(self.tokens, list)
+        """Whether the committed tokens are on the host."""
+        return self.queued is None
 
-    def read(self) -> list[int]:
-        """The committed tokens on the host (waits for a queued step)."""
-        if not self.ready:
-            self.tokens = [self.tokens.item()]
-        return self.tokens
+    @property
+    def last(self) -> Union[int, mx.array]:
+        """The last committed token: an int, or the lazy scalar of a queued step."""
+        return self.tokens[-1] if self.ready else self.queued
 
 
 class Cycles:
@@ -59,6 +60,17 @@ class Cycles:
     ):
         self.target, self.drafter, self.cache = target, draft_model, cache
         self.sampling, self.profile, self.full_blocks = sampling, profile, full_blocks
+        self._fed: Optional[Cycle] = None  # a queued cycle whose lazy token a plain step was queued on
+
+    def read(self, cycle: Cycle) -> list[int]:
+        """The committed tokens of `cycle` on the host (waits for a queued step). A token
+        already fed to the next plain step joins `cache.tokens` now that its value is known."""
+        if not cycle.ready:
+            cycle.tokens, cycle.queued = [cycle.queued.item()], None
+            if cycle is self._fed:
+                self.cache.tokens.append(cycle.tokens[-1])
+                self._fed = None
+        return cycle.tokens
 
     def prefill(self, tokens: Sequence[int], start: int, progress: Optional[Callable[[int, int], None]]) -> Cycle:
         """Prefill the target from `start`, feeding the captured features straight into
@@ -78,13 +90,17 @@ class Cycles:
         cache.remember()
         return self._queue(0, self.target.lm_head(hidden[:, -1])[0])
 
-    def plain(self, token: Union[int, mx.array]) -> Cycle:
-        """Queue one target step on `token` (an int, or the lazy output of the step before).
-        With a drafter, its features wait in the cache's `pending` list: the next draft
-        needs them, a run of plain steps does not. The caller appends `token` to
-        `cache.tokens` once it knows its value."""
+    def plain(self, after: Cycle) -> Cycle:
+        """Queue one target step on the last token of `after`, which may itself still be
+        queued: the host sync then overlaps this step's compute, as in mlx-lm. With a
+        drafter, its features wait in the cache's `pending` list: the next draft needs
+        them, a run of plain steps does not."""
         capture = self.drafter is not None
-        token = token if isinstance(token, mx.array) else mx.array(token)
+        if after.ready:
+            self.cache.tokens.append(after.last)
+            token = mx.array(after.last)
+        else:
+            self._fed, token = after, after.queued
         hidden, features = self.target.forward(token.reshape(1, 1), self.cache.target, capture=capture)
         if capture:
             self.cache.pending.append(features)
@@ -93,7 +109,7 @@ class Cycles:
     def _queue(self, size: int, logits: mx.array) -> Cycle:
         token, logprobs = self.sampling.choose(logits), log_softmax(logits)
         mx.async_eval(token, logprobs)
-        return Cycle(size, token, 0, [logprobs])
+        return Cycle(size, 0, [logprobs], queued=token)
 
     def speculate(self, token: int, size: int) -> Cycle:
         """Draft `size - 1` tokens after `token` (with `full_blocks`: the first ones of the
@@ -125,4 +141,4 @@ class Cycles:
         cache.tokens += [token] + drafted[:accepted]
         drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))
-        return Cycle(size, drafted[:accepted] + [bonus], accepted, logprobs, drafting)
+        return Cycle(size, accepted, logprobs, drafting, tokens=drafted[:accepted] + [bonus])

@@ -10,17 +10,14 @@ Parameter names follow z-lab's checkpoints exactly, so their weights load key by
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, ClassVar, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from .draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab
 from .sampling import Draft, SamplingParams
 
 if TYPE_CHECKING:
@@ -49,6 +46,7 @@ class DrafterConfig:
     """Everything a drafter needs, read from z-lab's config.json (any of its variants)."""
 
     architecture: ClassVar[str] = "DFlashDraftModel"
+    family_fields: ClassVar[tuple[str, ...]] = ()  # config fields only this family has
 
     hidden_size: int
     num_hidden_layers: int
@@ -377,64 +375,3 @@ class Drafter(nn.Module):
             context = (c.keys[..., : c.offset, :], c.values[..., : c.offset, :])
             h = layer(h, context, start, masks.get(kind))
         return self.norm(h)
-
-
-def read_config(path: Path) -> dict:
-    """Read a checkpoint directory's config.json, with a one-line error if absent or bad."""
-    file = Path(path) / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"no config.json in {path}")
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON ({e})") from None
-
-
-def build_drafter(config: dict | DrafterConfig, weights: dict[str, mx.array] | None = None) -> Drafter:
-    """Build a drafter from a config and (optionally) a z-lab-layout weight dict.
-    Checkpoint copies of the target's embed_tokens / lm_head are dropped."""
-    if isinstance(config, DrafterConfig):
-        cfg = config
-    else:
-        from .drafter2 import config_from_dict  # v1 or DFlash2; drafter2 builds on this module
-
-        cfg = config_from_dict(config)
-    drafter = cfg.make_drafter()
-    raw = config.extra if isinstance(config, DrafterConfig) else config
-    quant = raw.get("quantization")
-    if quant:
-        nn.quantize(drafter, group_size=quant["group_size"], bits=quant["bits"])
-    if weights is not None:
-        drafter.load_weights(list(drafter.sanitize(weights).items()), strict=True)
-    mx.eval(drafter.parameters())
-    return drafter
-
-
-def load_drafter_dir(path: str | Path) -> Drafter:
-    """Load an MLX (or z-lab safetensors) drafter directory, with the draft vocabulary
-    beside its weights if there is one."""
-    path = Path(path)
-    config = read_config(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in {path}")
-    weights: dict[str, Any] = {}
-    for f in files:
-        weights.update(mx.load(str(f)))
-    drafter = build_drafter(config, weights)
-    if (path / DRAFT_VOCAB_FILE).is_file():
-        drafter.use_draft_vocab(load_draft_vocab(path, drafter.config.vocab_size))
-    return drafter
-
-
-def save_drafter(drafter: Drafter, path: str | Path, extra_config: dict | None = None) -> None:
-    """Write config.json + model.safetensors (z-lab key names)."""
-    from mlx.utils import tree_flatten
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = drafter.config.to_dict()
-    config.update(extra_config or {})
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(drafter.parameters())),
-                        metadata={"format": "mlx"})
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -38,26 +38,13 @@ if TYPE_CHECKING:
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
-def is_dflash2(config: dict) -> bool:
-    """Whether a config.json dict describes a DFlash2 drafter: it names DFlash2DraftModel,
-    or names no architecture and sets a DFlash2 field."""
-    if config.get("architectures"):
-        return "DFlash2DraftModel" in config["architectures"]
-    sub = config.get("dflash_config") or {}
-    return any(k in sub or k in config for k in DFLASH2_FIELDS)
-
-
-def config_from_dict(config: dict) -> DrafterConfig:
-    """The config of the drafter family a config.json dict describes (v1 or DFlash2)."""
-    return (Drafter2Config if is_dflash2(config) else DrafterConfig).from_dict(config)
-
-
 @dataclass
 class Drafter2Config(DrafterConfig):
     """A v1 config plus the convolution and selector sizes (None: missing, which
     `config.check_config` reports)."""
 
     architecture: ClassVar[str] = "DFlash2DraftModel"
+    family_fields: ClassVar[tuple[str, ...]] = DFLASH2_FIELDS
 
     conv_kernel_size: Optional[int] = None
     conv_group_size: Optional[int] = None

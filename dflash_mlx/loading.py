@@ -17,9 +17,10 @@ from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 from .config import parse_config
 from .defaults import default_model_path, shipped_drafter_dir
 from .draft_vocab import load_draft_vocab
-from .drafter import Drafter, check_fit, load_drafter_dir, read_config
+from .drafter import Drafter, check_fit
+from .drafters import load_drafter_dir, read_config
 from .hub import SAFETENSORS_PATTERNS, resolve_source
-from .target import Target
+from .targets import make_target
 
 #: The drafter shipped for the default target.
 DEFAULT_DRAFT_DIR = shipped_drafter_dir()
@@ -61,7 +62,7 @@ def load_draft(
         ids = None if draft_vocab == "none" else load_draft_vocab(draft_vocab, drafter.config.vocab_size)
         drafter.use_draft_vocab(ids)
     if model is not None:
-        target = Target(model)
+        target = make_target(model)
         check_fit(
             drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
         )

@@ -5,8 +5,8 @@ run its own submodules (embedding, decoder layers, final norm, lm_head) in the s
 order its `__call__` does, and keep the outputs of the layers the drafter reads.
 
 `Target` here is the adapter for plain decoders (llama, mistral, qwen2, qwen3, qwen3_moe)
-and the base of the other families' adapters in `targets/`: `Target(model)` picks the
-adapter for the model's type from the registry there. A verify forward can be undone
+and the base of the other families' adapters in `targets/`, whose `make_target(model)`
+picks the adapter for the model's type. A verify forward can be undone
 with a `rollback.Checkpoint` (see `rollback.py`).
 """
 
@@ -27,13 +27,6 @@ class Target:
     concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i)."""
 
     kernels = False  # verify projections through the custom kernel: see `use_kernels`
-
-    def __new__(cls, model: nn.Module, capture_layers: Sequence[int] = ()):
-        if cls is Target:  # the family's adapter (a one-line error for an unsupported type)
-            from .targets import adapter_class
-
-            cls = adapter_class(model)
-        return super().__new__(cls)
 
     def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
         self.model = model

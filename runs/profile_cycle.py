@@ -6,11 +6,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 from dflash_mlx import load, load_draft, make_prompt_cache
 from dflash_mlx.sampling import greedy_accept
-from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 
 model, tok = load()
 draft = load_draft(None, model=model)
-target = Target(model, draft.config.target_layer_ids)
+target = make_target(model, draft.config.target_layer_ids)
 cache = make_prompt_cache(model, draft)
 ctx = tok.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 12)[:300]
 _, feats = target.forward(mx.array(ctx)[None], cache.target)

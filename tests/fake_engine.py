@@ -12,7 +12,9 @@ import re
 import threading
 
 from app.engine import Engine
-from dflash_mlx.speculative import GenerationResponse, GenerationStats
+from dflash_mlx.options import DecodeOptions
+from dflash_mlx.speculative import GenerationResponse
+from dflash_mlx.stats import GenerationStats
 
 
 class FakeTokenizer:
@@ -76,10 +78,11 @@ class FakeBackend:
         self.caches.append(cache)
         return cache
 
-    def stream_generate(self, model, tokenizer, prompt, draft_model=None, max_tokens=256,
-                        temp=0.0, top_p=1.0, top_k=0, block_size=None, kernels=None, prompt_cache=None,
-                        prompt_progress_callback=None):
+    def stream_generate(self, model, tokenizer, prompt, draft_model=None, options=None, *, max_tokens=256,
+                        prompt_cache=None, prompt_progress_callback=None):
         self._touch()
+        options = options or DecodeOptions()
+        block_size = options.block_size
         common = 0
         for a, b in zip(prompt_cache.tokens, prompt):
             if a != b:
@@ -87,7 +90,7 @@ class FakeBackend:
             common += 1
         prefilled = len(prompt) - common
         self.calls.append(dict(prompt=prompt, draft_model=draft_model, max_tokens=max_tokens,
-                               temp=temp, top_p=top_p, block_size=block_size, kernels=kernels,
+                               temp=options.temp, top_p=options.top_p, block_size=block_size, kernels=options.kernels,
                                prompt_cache=prompt_cache, prefilled=prefilled))
         del prompt_cache.tokens[common:]
         if prompt_progress_callback:

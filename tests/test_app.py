@@ -18,6 +18,7 @@ from fake_engine import FakeBackend, fake_engine_factory  # noqa: E402
 from app.chat import ChatApp, app_from_args  # noqa: E402
 from app.widgets import Note, Reply, StatsPanel, UserMessage  # noqa: E402
 from app.engine import Settings  # noqa: E402
+from dflash_mlx.options import DecodeOptions  # noqa: E402
 
 REPLY = "The answer| is **4**.| Two plus two| makes four."
 
@@ -309,12 +310,24 @@ def test_cli_flags():
     app = app_from_args(["--model", "m", "--draft", "d", "--temp", "0.5", "--top-p", "0.9",
                          "--block-size", "8", "--max-tokens", "64", "--system", "hi"])
     assert (app.model_path, app.draft_path, app.system) == ("m", "d", "hi")
-    assert app.settings == Settings(temp=0.5, top_p=0.9, block_size=8, max_tokens=64)
+    assert app.settings == Settings(DecodeOptions(temp=0.5, top_p=0.9, block_size=8), max_tokens=64)
     default = app_from_args([])
     assert default.model_path is None and default.draft_path is None
     assert default.settings == Settings()
-    assert app_from_args(["--no-draft", "--top-k", "20"]).settings == Settings(top_k=20, baseline=True)
-    assert app_from_args(["--no-kernels"]).settings == Settings(kernels=False)
+    assert app_from_args(["--no-draft", "--top-k", "20"]).settings == Settings(DecodeOptions(top_k=20), baseline=True)
+    assert app_from_args(["--no-kernels"]).settings == Settings(DecodeOptions(kernels=False))
+
+
+@pytest.mark.parametrize("flags,words", [(["--top-p", "2"], ["--top-p", "2"]), (["--top-k", "-3"], ["--top-k"]),
+                                         (["--block-size", "1"], ["--block-size"]), (["--temp", "-1"], ["--temp"])])
+def test_cli_bad_options_exit_with_one_line(flags, words):
+    from app.chat import main
+
+    with pytest.raises(SystemExit) as info:
+        main(flags)
+    message = str(info.value.code)
+    assert "\n" not in message and message.startswith("dflash-chat: error: ")
+    assert all(w in message for w in words)
 
 
 @run_async

@@ -7,7 +7,9 @@
 * A target of an unsupported model family (tiny gemma / phi3 built from their ModelArgs):
   ValueError naming the supported families.
 * Broken drafter directories (missing, no config.json, invalid JSON, missing fields).
-* The CLI: `dflash generate` with a bad drafter exits 1 with one line, no traceback.
+* The CLI: `dflash generate` with a bad drafter, or a bad decoding option (`--top-p 2`,
+  `--top-k -3`, `--block-size 999` past the drafter's, ...), exits 1 with one line naming
+  it, no traceback; the Python API raises the same `DecodeOptions` error.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import mlx.core as mx
 import pytest
 
 from dflash_mlx import generate_step, load_draft, stream_generate
-from dflash_mlx.drafter import Drafter, DrafterConfig, save_drafter
-from dflash_mlx.target import Target
+from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.drafters import save_drafter
+from dflash_mlx.targets import make_target
 from dflash_mlx.targets import SUPPORTED_MODEL_TYPES
 
 from conftest import smollm2_drafter_config as smol_config
@@ -63,7 +66,7 @@ def misfit_dirs(tmp_path_factory):
     out = {}
     for name, overrides, _ in MISFITS:
         path = tmp_path_factory.mktemp(name.replace(" ", "-"))
-        save_drafter(make_drafter(smol_config(**overrides)), path)
+        save_drafter(make_drafter(smol_config(**overrides)), path, overwrite=True)
         out[name] = path
     return out
 
@@ -89,7 +92,7 @@ def test_stream_generate_rejects_a_misfit(default_model, name, overrides, words)
 
 def test_a_fitting_drafter_is_accepted(default_model, tmp_path):
     model, tokenizer = default_model
-    save_drafter(make_drafter(smol_config()), tmp_path)
+    save_drafter(make_drafter(smol_config()), tmp_path, overwrite=True)
     drafter = load_draft(str(tmp_path), model=model)
     tokens = [r.token for r in stream_generate(model, tokenizer, PROMPT, drafter, max_tokens=3)]
     assert len(tokens) == 3
@@ -180,7 +183,7 @@ def test_unsupported_family(default_model, tmp_path, family):
     assert {"llama", "qwen3"} <= set(SUPPORTED_MODEL_TYPES)
 
     with pytest.raises(ValueError) as info:
-        Target(model)
+        make_target(model)
     assert_one_line(info.value, words)
 
     drafter = make_drafter(tiny_drafter_config())
@@ -188,7 +191,7 @@ def test_unsupported_family(default_model, tmp_path, family):
         list(stream_generate(model, tokenizer, [1, 2, 3], drafter, max_tokens=2))
     assert_one_line(info.value, words)
 
-    save_drafter(drafter, tmp_path)
+    save_drafter(drafter, tmp_path, overwrite=True)
     with pytest.raises(ValueError) as info:
         load_draft(str(tmp_path), model=model)
     assert_one_line(info.value, words)
@@ -283,3 +286,37 @@ def test_cli_process_bad_drafter(default_model_dir, bad_drafter_paths):
         capture_output=True, text=True, timeout=120)
     _assert_clean_failure(proc.returncode, proc.stderr, [word, str(path)])
     assert proc.stdout == ""
+
+
+# Each bad decoding option: one line naming the flag, exit code 1, before any output.
+BAD_OPTIONS = [
+    (["--top-p", "2"], ["--top-p", "(0, 1]", "2"]),
+    (["--top-p", "0"], ["--top-p", "(0, 1]", "0"]),
+    (["--top-k", "-3"], ["--top-k", "-3"]),
+    (["--temp", "-1"], ["--temp", "-1"]),
+    (["--seed", "-1"], ["--seed", "-1"]),
+    (["--block-size", "1"], ["--block-size", ">= 2", "1"]),
+    (["--block-size", "999"], ["--block-size", "the drafter's block size 8", "999"]),
+]
+
+
+@pytest.mark.parametrize("flags,words", BAD_OPTIONS, ids=[" ".join(f) for f, _ in BAD_OPTIONS])
+def test_cli_generate_bad_options(default_model_dir, flags, words):
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    result = CliRunner().invoke(app, ["generate", "--prompt", "Hello", "--model", str(default_model_dir),
+                                      "--max-tokens", "4", *flags])
+    _assert_clean_failure(result.exit_code, result.stderr, words)
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("options,field", [(dict(top_p=2.0), "top_p"), (dict(top_k=-3), "top_k"),
+                                           (dict(block_size=999), "block_size")])
+def test_api_bad_options(default_model, good_drafter, options, field):
+    """The Python API checks the same `DecodeOptions` rules, one line naming the field."""
+    model, tokenizer = default_model
+    with pytest.raises(ValueError) as info:
+        list(stream_generate(model, tokenizer, PROMPT, good_drafter, max_tokens=4, **options))
+    assert_one_line(info.value, [field, str(options[field])])

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dflash_mlx import load_draft
-from dflash_mlx.drafter import build_drafter
+from dflash_mlx.drafters import build_drafter
 from dflash_mlx.drafter2 import Drafter2
 
 from conftest import SMOLLM2
@@ -177,12 +177,12 @@ def test_first_draft_equals_zlab_mlx_on_the_real_target(default_model, smol2_dra
     from mlx_lm.models.cache import make_prompt_cache
 
     from dflash_mlx.sampling import SamplingParams
-    from dflash_mlx.target import Target
+    from dflash_mlx.targets import make_target
 
     model, tokenizer = default_model
     path = smol2_drafters["random"]
     ours, theirs = load_draft(str(path), model=model), zr.zlab_mlx_load_draft(path).bind(model)
-    target = Target(model, SMOL_IDS)
+    target = make_target(model, SMOL_IDS)
     tokens = _chat(tokenizer, "Write a haiku about the sea.")
     _, features = target.forward(mx.array(tokens)[None], make_prompt_cache(model))
     our_cache, their_cache = ours.make_cache(), theirs.make_cache()

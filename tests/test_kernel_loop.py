@@ -20,7 +20,7 @@ from mlx_lm.utils import _get_classes
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.kernels import decoder, metal_ready
 from dflash_mlx.speculative import GenerationStats, generate_step
-from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 4
 FAMILIES = {  # model type: (bits, group size, extra ModelArgs)
@@ -105,7 +105,7 @@ def kernel_calls(monkeypatch):
 def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
     """Bit for bit, on a verify-sized block after a cached prefix (the fallback computes what the module does)."""
     model = tiny_target(model_type)
-    own, explicit = Target(model, [1, 2]), Target(model, [1, 2]).use_kernels()
+    own, explicit = make_target(model, [1, 2]), make_target(model, [1, 2]).use_kernels()
     assert explicit.kernels and not own.kernels
     caches = [make_target_cache(model), make_target_cache(model)]
     for target, cache in zip((own, explicit), caches):
@@ -133,7 +133,7 @@ def test_greedy_with_kernels_is_token_identical(model_type, kernel_calls):
 
 def test_kernels_stay_off_where_they_cannot_help(kernel_calls):
     """Unquantized models run their own modules; by default the kernels are on only on Apple GPUs."""
-    assert not Target(tiny_target("qwen3", quantize=False)).use_kernels().kernels
+    assert not make_target(tiny_target("qwen3", quantize=False)).use_kernels().kernels
     model = tiny_target("llama")
     assert dflash_greedy(model, tiny_drafter(), kernels=False) == mlx_lm_greedy(model)
     assert kernel_calls == []

@@ -22,7 +22,7 @@ from dflash_mlx.adaptive import BlockSizePolicy
 from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
-from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 
 PROMPTS = [
     "What is the capital of France?",
@@ -259,7 +259,7 @@ def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):
     assert {1, 3, BLOCK} <= set(last.stats.block_sizes)
     cache.flush()  # features of the last plain steps wait for the next draft
     assert cache.draft_length == len(cache.tokens)
-    _, features = Target(model, drafter.config.target_layer_ids).forward(mx.array(cache.tokens)[None],
+    _, features = make_target(model, drafter.config.target_layer_ids).forward(mx.array(cache.tokens)[None],
                                                                       make_target_cache(model))
     fresh = drafter.make_cache()
     drafter.append_context(features, fresh)

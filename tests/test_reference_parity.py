@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from dflash_mlx import load_draft, stream_generate
-from dflash_mlx.drafter import build_drafter
-from dflash_mlx.target import Target
+from dflash_mlx.drafters import build_drafter
+from dflash_mlx.targets import make_target
 
 from conftest import SMOLLM2
 from zlab_reference import zlab_generate
@@ -155,7 +155,7 @@ def test_drafter_matches_zlab_torch_on_the_real_target(default_model):
     config = _smol_config()
     torch_model = zr.make_torch_drafter(config, seed=3)
     ours = _ours_from_torch(torch_model, config)
-    target = Target(model, config["dflash_config"]["target_layer_ids"])
+    target = make_target(model, config["dflash_config"]["target_layer_ids"])
 
     text = "Once upon a time, in a small village by the sea, there lived an old fisherman."
     tokens = tokenizer.encode(text)

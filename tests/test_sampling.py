@@ -44,7 +44,7 @@ from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
 from dflash_mlx.sampling import (Draft, SamplingParams, filter_logprobs, log_softmax, probabilities,
                                  speculative_accept)
-from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 
 ALPHA = 1e-3  # false-alarm rate of each statistical test
 MIN_EXPECTED = 5.0  # cells expected to hold fewer samples are pooled
@@ -605,7 +605,7 @@ def test_dflash2_cycle_commits_the_target_distribution(sampling_setup, variant):
     subset = np.union1d(np.argsort(-p)[:4], [2]).astype(np.int32)  # the 4 likeliest and EOS
     if variant == "5-token draft vocabulary":
         drafter.use_draft_vocab(mx.array(subset))
-    target = Target(model, drafter.config.target_layer_ids)
+    target = make_target(model, drafter.config.target_layer_ids)
     draft_cache = drafter.make_cache()
     drafter.append_context(target.forward(mx.array(prompt)[None], make_target_cache(model))[1], draft_cache)
     block, sampling = mx.array([[t1, drafter.config.mask_token_id]]), SamplingParams(temp=1.0)

@@ -129,7 +129,7 @@ def test_cli_serve_warns_for_every_interface_and_fails_in_one_line(monkeypatch):
     assert "warning: listening on 0.0.0.0" in result.output and "error: no model here" in result.output
     assert "Traceback" not in result.output
     result = CliRunner().invoke(app, ["serve", "--block-size", "1"])
-    assert result.exit_code == 1 and "--block-size must be at least 2" in result.output
+    assert result.exit_code == 1 and "--block-size must be an integer >= 2" in result.output
 
 
 def test_cli_serve_busy_port_is_one_line(monkeypatch):
@@ -196,6 +196,7 @@ BAD = [
     ({"messages": user("hi"), "temperature": "hot"}, 400, "temperature"),
     ({"messages": user("hi"), "top_p": 0}, 400, "top_p"),
     ({"messages": user("hi"), "top_p": 1.5}, 400, "top_p"),
+    ({"messages": user("hi"), "top_k": -3}, 400, "top_k"),
     ({"messages": [{"role": "user", "content": 42}]}, 400, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages[0].content"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),

@@ -30,6 +30,7 @@ from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.rollback import Checkpoint
 from dflash_mlx.speculative import generate_step
 from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 from test_lossless import ScriptedPolicy
 from tiny_targets import FAMILIES, HIDDEN, VOCAB, WINDOW, tiny_target
 
@@ -97,14 +98,14 @@ def ours(model, prompt, drafter, n: int, **kw) -> tuple[list[int], list[int]]:
 def family(request):
     """Weights x2: sharper, more varied greedy continuations than the init's."""
     model = tiny_target(request.param, scale=2.0)
-    return request.param, model, Target(model)
+    return request.param, model, make_target(model)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def plain_family(request):
     """The init's own scale: activations of order 1, where 1e-5 is float32 rounding."""
     model = tiny_target(request.param)
-    return request.param, model, Target(model)
+    return request.param, model, make_target(model)
 
 
 def test_adapter_per_family(family):
@@ -220,7 +221,7 @@ def test_drafter_config_fields_round_trip():
     layers come from `use_sliding_window` / `max_window_layers` as transformers derives them."""
     from dflash_mlx.config import parse_config
 
-    target = Target(tiny_target("qwen3"))
+    target = make_target(tiny_target("qwen3"))
     raw = drafter_config(target).to_dict()
     raw.update(num_hidden_layers=3, use_sliding_window=True, max_window_layers=1, sliding_window=5)
     raw["dflash_config"].update(input_embedding_scale=8.0, output_multiplier=0.5, final_logit_softcapping=30.0)

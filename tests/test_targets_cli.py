@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from dflash_mlx.drafter import Drafter, DrafterConfig, save_drafter
-from dflash_mlx.target import Target
+from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.drafters import save_drafter
+from dflash_mlx.targets import make_target
 from tiny_targets import HIDDEN, save_tiny_target
 
 VOCAB = 49152  # the default model's tokenizer
@@ -24,7 +25,7 @@ VOCAB = 49152  # the default model's tokenizer
 def test_generate_cli(default_model_dir, tmp_path, family):
     path = save_tiny_target(family, tmp_path / family, default_model_dir, VOCAB)
     model, tokenizer = mlx_lm.load(str(path))
-    n = Target(model).num_layers
+    n = make_target(model).num_layers
     mx.random.seed(1)
     save_drafter(Drafter(DrafterConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=16, intermediate_size=64, vocab_size=VOCAB,

@@ -19,6 +19,7 @@ from dflash_mlx.kernels import tape
 from dflash_mlx.kernels.replay import GATED_DELTA_REPLAY, gated_delta_replay_launch
 from dflash_mlx.rollback import Checkpoint
 from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 from metal_emu import MetalKernel
 from test_targets import BLOCK, PATTERNS, ScriptedDrafter, ours, prompt_of, random_drafter, reference
 from tiny_targets import tiny_target
@@ -63,7 +64,7 @@ def test_tape_rollback_equals_module_replay(name, rewinds):
     """Same verify output bit for bit; after every rollback size, the same conv window and
     state as the module replay (1e-5), through the fallback and through the emulated kernel."""
     model = tiny_target(name)
-    own, taped = Target(model), Target(model).use_kernels()
+    own, taped = make_target(model), make_target(model).use_kernels()
     assert taped.kernels and not own.kernels
     prompt, block = prompt_of(7, 3), prompt_of(BLOCK, 4)
     for drop in range(1, BLOCK):
@@ -84,7 +85,7 @@ def test_tape_rollback_equals_module_replay(name, rewinds):
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_greedy_with_tape_rollback_is_token_identical(name, rewinds):
     model = tiny_target(name, scale=2.0)
-    target = Target(model)
+    target = make_target(model)
     prompt = prompt_of(9, 1)
     ref = reference(model, prompt, 24)
     assert ours(model, prompt, random_drafter(target, 1), 24, block_size=BLOCK, kernels=True)[0] == ref
@@ -96,9 +97,9 @@ def test_greedy_with_tape_rollback_is_token_identical(name, rewinds):
 def test_tape_stays_off_where_it_cannot_record():
     """Kernels off, non-hybrid targets and padded caches keep the module path."""
     model = tiny_target("qwen3_5")
-    assert not Target(model).use_kernels(False).kernels
-    assert not Target(tiny_target("qwen3_moe")).use_kernels().kernels
-    layer = next(layer for layer in Target(model).layers if layer.is_linear)
+    assert not make_target(model).use_kernels(False).kernels
+    assert not make_target(tiny_target("qwen3_moe")).use_kernels().kernels
+    layer = next(layer for layer in make_target(model).layers if layer.is_linear)
     padded = ArraysCache(2, left_padding=[1])
     assert tape.takes(layer, None, ArraysCache(2)) and not tape.takes(layer, None, padded)
     assert not tape.takes(layer, mx.array([[True]]), ArraysCache(2))

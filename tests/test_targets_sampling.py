@@ -15,7 +15,7 @@ import numpy as np
 
 from dflash_mlx import make_prompt_cache
 from dflash_mlx.speculative import GenerationStats, generate_step
-from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 from test_sampling import MIN_EXPECTED, assert_fits
 from test_targets import random_drafter
 from tiny_targets import tiny_target
@@ -67,7 +67,7 @@ def _cell(sample: tuple, cells: dict) -> tuple:
 
 def test_three_tokens_through_rollbacks_follow_the_target():
     model = tiny_target("qwen3_5", seed=3, scale=3.0)
-    drafter = random_drafter(Target(model), 8)
+    drafter = random_drafter(make_target(model), 8)
     cache = make_prompt_cache(model, drafter)
     mx.random.seed(4)
     samples, stats = [], GenerationStats()

@@ -17,9 +17,11 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from dflash_mlx import load_draft
-from dflash_mlx.drafter import Drafter, save_drafter
+from dflash_mlx.drafter import Drafter
+from dflash_mlx.drafters import save_drafter
 from dflash_mlx.speculative import stream_generate
 from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 from test_targets import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of, reference
 from tiny_targets import HIDDEN, VOCAB, tiny_target
 from zlab_reference import zlab_generate
@@ -39,7 +41,7 @@ def _save_random_drafter(target: Target, path, seed: int, **fields) -> None:
         setattr(cfg, name, value)
     drafter = Drafter(cfg)
     mx.eval(drafter.parameters())
-    save_drafter(drafter, path)
+    save_drafter(drafter, path, overwrite=True)
 
 
 @pytest.mark.parametrize("block_size", [4, 8])
@@ -47,7 +49,7 @@ def test_qwen3_5_greedy_equals_zlab_mlx(default_model, tmp_path, block_size):
     _, tokenizer = default_model  # only detokenizes; the tiny vocabulary's ids are valid in it
     model = tiny_target("qwen3_5", scale=2.0)
     theirs_model = tiny_target("qwen3_5", scale=2.0)  # z-lab's loop hooks the model it gets
-    target = Target(model)
+    target = make_target(model)
     _save_random_drafter(target, tmp_path, seed=5)
     ours_drafter = load_draft(str(tmp_path), model=model)
     theirs_drafter = zr.zlab_mlx_load_draft(tmp_path)
@@ -98,7 +100,7 @@ def test_qwen3_5_scripted_drafters_equal_zlab_mlx(default_model):
     _, tokenizer = default_model
     model = tiny_target("qwen3_5", scale=2.0)
     theirs_model = tiny_target("qwen3_5", scale=2.0)
-    target = Target(model)
+    target = make_target(model)
     seen = set()
     for i, length in enumerate([5, 17]):
         prompt = prompt_of(length, 20 + i)
@@ -122,7 +124,7 @@ def test_drafter_fields_equal_zlab_mlx(tmp_path):
     from dflash import model_mlx
 
     model = tiny_target("qwen3")
-    target = Target(model, [0, 3])
+    target = make_target(model, [0, 3])
     fields = dict(input_embedding_scale=1.7, output_multiplier=0.8, final_logit_softcapping=3.0,
                   layer_types=["sliding_attention"], sliding_window=10, rope_scaling={"type": "linear", "factor": 2.0})
     _save_random_drafter(target, tmp_path, seed=6, **fields)

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from mlx_lm.models import llama
 
-from dflash_mlx.drafter import Drafter, load_drafter_dir, save_drafter
-from dflash_mlx.target import Target
+from dflash_mlx.drafter import Drafter
+from dflash_mlx.drafters import load_drafter_dir, save_drafter
+from dflash_mlx.targets import make_target
 from dflash_mlx.train.features import target_pass
 from dflash_mlx.train.initialize import make_config
 from dflash_mlx.train.objective import block_forward, context_mask, loss_weights, make_batch, sample_anchors
@@ -36,7 +37,7 @@ def tiny_target(vocab=64, layers=4, hidden=32, seed=0):
 
 
 def tiny_drafter(model, layers=2, block_size=8, ids=(0, 2), seed=1):
-    cfg = make_config(Target(model), num_layers=layers, target_layer_ids=list(ids), block_size=block_size,
+    cfg = make_config(make_target(model), num_layers=layers, target_layer_ids=list(ids), block_size=block_size,
                       mask_token_id=model.args.vocab_size - 1)
     mx.random.seed(seed)
     d = Drafter(cfg)
@@ -57,7 +58,7 @@ def inference_block(drafter, target, tokens, anchor):
 def test_train_forward_matches_inference_for_every_block():
     model = tiny_target()
     drafter = tiny_drafter(model)
-    target = Target(model, drafter.config.target_layer_ids)
+    target = make_target(model, drafter.config.target_layer_ids)
     B = drafter.config.block_size
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 60, size=40).tolist()
@@ -74,7 +75,7 @@ def test_train_forward_matches_inference_for_every_block():
 def test_train_forward_batched_sequences_match_single():
     model = tiny_target()
     drafter = tiny_drafter(model, layers=1)
-    target = Target(model, drafter.config.target_layer_ids)
+    target = make_target(model, drafter.config.target_layer_ids)
     rng = np.random.default_rng(1)
     seqs = [(rng.integers(0, 60, size=n).tolist(), 5) for n in (30, 22, 37)]
     batch, kept, _ = make_batch(seqs, drafter.config.block_size, 4, drafter.config.mask_token_id, rng)
@@ -194,7 +195,7 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
     hist = result["history"]
     assert hist[-1]["loss"] < hist[0]["loss"] * 0.7
 
-    trained = loading.load_drafter_dir(out)
+    trained = load_drafter_dir(out)
     random_drafter = Drafter(trained.config)
     mx.eval(random_drafter.parameters())
 
@@ -216,7 +217,7 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
     # round trip: save / load gives the same function
     save_drafter(trained, tmp_path / "copy")
     again = load_drafter_dir(tmp_path / "copy")
-    target = Target(model, trained.config.target_layer_ids)
+    target = make_target(model, trained.config.target_layer_ids)
     toks = prompts[0] + [1, 2, 3, 4, 5]
     a, b = inference_block(trained, target, toks, 6), inference_block(again, target, toks, 6)
     assert mx.abs(a - b).max().item() == 0

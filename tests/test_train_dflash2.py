@@ -18,7 +18,7 @@ from dflash_mlx import stream_generate
 from dflash_mlx.drafter2 import CandidateSelector, Drafter2, Drafter2Config
 from dflash_mlx.loading import DEFAULT_DRAFT_DIR, load_draft
 from dflash_mlx.sampling import SamplingParams
-from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 from dflash_mlx.train.initialize import init_from
 from dflash_mlx.train.loop import TrainArgs, Trainer
 from dflash_mlx.train.objective import block_forward, loss_fn, selector_loss
@@ -143,7 +143,7 @@ def chat(tokenizer, text: str = "List the numbers from 1 to 20, one per line.") 
 def real_block(model, tokenizer, drafter):
     """Hidden states and greedy draft of the first block after a real chat prompt."""
     prompt = chat(tokenizer, "Name three colours.")
-    target = Target(model, drafter.config.target_layer_ids)
+    target = make_target(model, drafter.config.target_layer_ids)
     _, feats = target.forward(mx.array([prompt]), [None] * target.num_layers)
     cache = drafter.make_cache()
     drafter.append_context(feats[:, :-1], cache)

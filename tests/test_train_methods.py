@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 from test_train import random_training_data, tiny_drafter, tiny_target
 from test_train_dflash2 import TINY2
 
-from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
 from dflash_mlx.train.features import FeatureStore, fill_store, target_pass
 from dflash_mlx.train.initialize import warm_start, warm_start_sources
 from dflash_mlx.train.loop import TrainArgs, train
@@ -22,7 +22,7 @@ from dflash_mlx.train.objective import distill_loss
 def test_warm_start_copies_the_layers_after_the_deepest_feature():
     model = tiny_target(layers=6)
     drafter = tiny_drafter(model, layers=2, ids=(0, 3))
-    target = Target(model, drafter.config.target_layer_ids)
+    target = make_target(model, drafter.config.target_layer_ids)
     warm_start(drafter, target)
     assert warm_start_sources(drafter) == [4, 5]
     mine = dict(tree_flatten(drafter.parameters()))
@@ -82,7 +82,7 @@ def test_distillation_gradient_matches_finite_differences():
 
 def test_cached_features_equal_recomputed_ones(tmp_path):
     model = tiny_target()
-    target = Target(model)
+    target = make_target(model)
     ids = [1, 3]
     rng = np.random.default_rng(2)
     seqs = {f"s{i}": rng.integers(0, 60, size=int(n)).tolist() for i, n in enumerate([5, 17, 9, 30, 12])}

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
+import dflash_mlx.drafters as drafters
 import dflash_mlx.loading as loading
 from dflash_mlx.train.loop import TrainArgs, train
 from test_train import TinyTok, tiny_target  # this script's folder, tests/, is on sys.path
@@ -41,7 +42,7 @@ def main(out_dir: str) -> None:
                              block_size=8, batch_size=4, num_anchors=8, epochs=2, lr=3e-3, progress=False,
                              log_every=1, checkpoint_every=1000, seed=0),
                    log=lambda s: None)
-    drafter = loading.load_drafter_dir(out / "drafter") if group.rank() == 0 else None
+    drafter = drafters.load_drafter_dir(out / "drafter") if group.rank() == 0 else None
     flat = np.concatenate([np.array(v).ravel() for _, v in tree_flatten(_live_params(result))])
     print(json.dumps({"rank": group.rank(), "world": group.size(), "checksum": float(np.abs(flat).sum()),
                       "steps": result["step"], "losses": [h["loss"] for h in result["history"]],

@@ -1,9 +1,12 @@
 """Target adapters by mlx-lm model type, one small module per family (as mlx-lm has one
 file per model): the plain decoders' adapter is `target.Target` itself; the hybrid
 gated-delta, gpt-oss and gemma-4 families override only what their `__call__` does
-differently (mask kinds, embedding scale, shared K/V, logit soft-capping)."""
+differently (mask kinds, embedding scale, shared K/V, logit soft-capping). `make_target`
+is how every caller gets an adapter."""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import mlx.nn as nn
 
@@ -38,3 +41,9 @@ def adapter_class(model: nn.Module) -> type[Target]:
     if kind not in ADAPTERS:
         raise ValueError(f"model type {kind!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     return ADAPTERS[kind]
+
+
+def make_target(model: nn.Module, capture_layers: Sequence[int] = ()) -> Target:
+    """The read-only adapter over `model` for its family, capturing `capture_layers`
+    (a one-line ValueError for an unsupported model type)."""
+    return adapter_class(model)(model, capture_layers)

@@ -8,10 +8,12 @@ lengths (histogram[n - 1] = cycles that committed n tokens) and tokens/s.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..messages import apply_chat_template, read_prompt_file
+from ..options import DecodeOptions
 from .prompts import collect_prompts
 
 
@@ -21,9 +23,11 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
     """Run every prompt at every temperature with a fixed block (the drafter's B unless
     given: tau measures the drafter, not the adaptive policy); returns
     {temp: {source: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}}."""
-    from ..speculative import histogram, stream_generate
+    from ..speculative import stream_generate
+    from ..stats import histogram
 
-    B = block_size or drafter.config.block_size
+    fixed = DecodeOptions(block_size=block_size).fixed(drafter)
+    B = fixed.block_size
     vocab = set(drafter.draft_vocab.tolist()) if drafter.draft_vocab is not None else None
     results: dict = {}
     for temp in temps:
@@ -31,8 +35,8 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
         for i, p in enumerate(prompts):
             ids = apply_chat_template(tokenizer, p["messages"])
             t0 = time.perf_counter()
-            responses = [r for r in stream_generate(model, tokenizer, ids, drafter, max_tokens=max_tokens, temp=temp,
-                                                    block_size=B, seed=seed + i if temp > 0 else None)]
+            options = replace(fixed, temp=temp, seed=seed + i if temp > 0 else None)
+            responses = list(stream_generate(model, tokenizer, ids, drafter, options, max_tokens=max_tokens))
             dt = time.perf_counter() - t0
             s = responses[-1].stats
             covered = sum(r.token in vocab for r in responses) if vocab is not None else 0

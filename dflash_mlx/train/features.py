@@ -26,6 +26,8 @@ import numpy as np
 
 from ..target import Target
 
+from ..targets import make_target
+
 _FILES = {"features": ("features.f16", np.float16), "teacher_ids": ("teacher_ids.i32", np.int32),
           "teacher_logits": ("teacher_lg.f16", np.float16)}
 
@@ -108,7 +110,7 @@ def target_pass(target: Target, tokens: mx.array, layer_ids: Sequence[int], top_
     (S, L, k * hidden), and the top-K next-token ids and their logits (S, L, K). Logits,
     not log-probabilities: the distillation loss renormalises over the K tokens anyway, and
     a logsumexp over the vocabulary costs as much as the head on MLX's CPU backend."""
-    view = Target(target.model, layer_ids)  # the adapter's own forward, capturing `layer_ids`
+    view = make_target(target.model, layer_ids)  # the adapter's own forward, capturing `layer_ids`
     hidden, features = view.forward(tokens, [None] * view.num_layers)
     logits = target.lm_head(hidden).astype(mx.float32)
     ids = mx.argpartition(-logits, top_k - 1, axis=-1)[..., :top_k].astype(mx.int32)

@@ -25,8 +25,9 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..config import check_config
-from ..drafter import Drafter, DrafterConfig, load_drafter_dir
+from ..drafter import Drafter, DrafterConfig
 from ..drafter2 import DFLASH2_FIELDS, Drafter2, Drafter2Config
+from ..drafters import load_drafter_dir
 from ..target import Target
 
 

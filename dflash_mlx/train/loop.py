@@ -30,9 +30,10 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import atomic_directory, exclusive_lock
 from ..config import check_config
-from ..drafter import Drafter, check_fit, load_drafter_dir, save_drafter
+from ..drafter import Drafter, check_fit
+from ..drafters import drafter_files, load_drafter_dir, write_drafter_files
 from ..drafter2 import DFLASH2_FIELDS
-from ..target import Target
+from ..targets import make_target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
 from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
@@ -116,7 +117,7 @@ def save_checkpoint(out: Path, drafter: Drafter, optimizer: optim.Optimizer, sta
     and the state. The checkpoint directory is replaced whole, so a crash mid-write leaves
     the previous one."""
     with atomic_directory(out / "checkpoint", overwrite=True) as tmp:
-        save_drafter(drafter, tmp)
+        write_drafter_files(tmp, *drafter_files(drafter))
         # not *.safetensors: the checkpoint directory itself stays a loadable drafter
         mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(optimizer.state)))
         (tmp / "state.json").write_text(json.dumps({**asdict(state), "args": asdict(args)}, indent=2) + "\n")
@@ -163,7 +164,7 @@ class Trainer:
             self.drafter = self._new_drafter()
             self.state = TrainState()
         self.cfg = self.drafter.config
-        self.target = Target(model, self.cfg.target_layer_ids)
+        self.target = make_target(model, self.cfg.target_layer_ids)
         self.weights = loss_weights(self.cfg.block_size, args.gamma)
         if args.loss_vocab not in ("full", "sampled"):
             raise ValueError(f"--loss-vocab must be 'full' or 'sampled', got {args.loss_vocab!r}")
@@ -211,7 +212,7 @@ class Trainer:
     def _new_drafter(self) -> Drafter:
         """The drafter a fresh run starts from (its first weights: `_initialize`), checked
         against the target."""
-        a, target = self.args, Target(self.model)
+        a, target = self.args, make_target(self.model)
         if a.init_from:
             drafter = init_from(a.init_from, a.block_size, a.dflash2_fields())
         else:

@@ -1,0 +1,111 @@
+"""`DecodeOptions`: how one generation decodes, checked once, in one place.
+
+The `dflash` command, the chat, the server's request parser and the Python API each
+build one `DecodeOptions` and hand it down to `generate_step`; nothing below re-checks
+or re-defaults a field. Every field carries its rule next to its default, and a bad
+value raises `OptionError`, one line naming the field (`one_line` shows it on the
+command line; the server answers 400 with it). Adding an option is one line here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Optional
+
+from .kernels import metal_ready
+from .sampling import SamplingParams
+
+__all__ = ["DecodeOptions", "OptionError"]
+
+
+class OptionError(ValueError):
+    """A bad decoding option: `field` names it, the message says what it must be."""
+
+    def __init__(self, name: str, rule: str, value: Any):
+        self.field, self.rule, self.value = name, rule, value
+        super().__init__(self.named(name))
+
+    def named(self, name: str) -> str:
+        """The message with the option called `name` (a flag, an API field)."""
+        return f"{name} {self.rule}, got {self.value!r}"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# A rule: (what the value must be, as the error says it; whether a value passes).
+Rule = tuple[str, Callable[[Any], bool]]
+NON_NEGATIVE: Rule = ("must be a number >= 0", lambda v: _number(v) and v >= 0)
+PROBABILITY: Rule = ("must be in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
+COUNT: Rule = ("must be an integer >= 0 (0: off)", lambda v: _integer(v) and v >= 0)
+SEED: Rule = ("must be an integer >= 0 or None", lambda v: v is None or (_integer(v) and v >= 0))
+BLOCK: Rule = ("must be an integer >= 2 or None (adaptive)", lambda v: v is None or (_integer(v) and v >= 2))
+SWITCH: Rule = ("must be true, false or None (on where it runs)", lambda v: v is None or isinstance(v, bool))
+FLAG: Rule = ("must be true or false", lambda v: isinstance(v, bool))
+
+
+def option(default: Any, rule: Rule, doc: str) -> Any:
+    """A field with its default, its rule and what it means."""
+    return field(default=default, metadata={"rule": rule, "doc": doc})
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode: sampling, block size, kernels. Checked when built (`OptionError`)."""
+
+    temp: float = option(0.0, NON_NEGATIVE, "sampling temperature; 0: greedy")
+    top_p: float = option(1.0, PROBABILITY, "nucleus sampling threshold; 1: off")
+    top_k: int = option(0, COUNT, "sample among the k most likely tokens; 0: off")
+    seed: Optional[int] = option(None, SEED, "seed of MLX's random generator; None: leave it as it is")
+    block_size: Optional[int] = option(None, BLOCK, "tokens verified per cycle, at most the drafter's; None: adaptive")
+    kernels: Optional[bool] = option(None, SWITCH, "the custom Metal kernels; None: on where they run (Apple GPUs)")
+    profile: bool = option(False, FLAG, "time drafting apart from verifying (one more host sync per cycle)")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            rule, passes = f.metadata["rule"]
+            value = getattr(self, f.name)
+            if not passes(value):
+                raise OptionError(f.name, rule, value)
+
+    @classmethod
+    def of(cls, options: Optional["DecodeOptions"] = None, **changes: Any) -> "DecodeOptions":
+        """`options` (default: the defaults) with `changes`: how the keyword API builds one."""
+        unknown = sorted(set(changes) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown decoding option {unknown[0]!r}")
+        return replace(options or cls(), **changes)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """What the loop samples and accepts with."""
+        return SamplingParams(self.temp, self.top_p, self.top_k)
+
+    @property
+    def use_kernels(self) -> bool:
+        """Whether the custom kernels are asked for here (None resolved for this machine)."""
+        return metal_ready() if self.kernels is None else self.kernels
+
+    def block_limit(self, drafter: Any) -> int:
+        """The most tokens a cycle verifies: 1 without a drafter, else the fixed block size
+        or, adaptive, the drafter's block size B. A fixed size above B is an `OptionError`."""
+        if drafter is None:
+            return 1
+        most = drafter.config.block_size
+        if self.block_size is not None and self.block_size > most:
+            raise OptionError("block_size", f"must be at most the drafter's block size {most}", self.block_size)
+        return self.block_size or most
+
+    def adaptive(self, drafter: Any) -> bool:
+        """Whether the block size is chosen cycle by cycle (a drafter and no fixed size)."""
+        return drafter is not None and self.block_size is None
+
+    def fixed(self, drafter: Any) -> "DecodeOptions":
+        """These options with the block size pinned (to the drafter's B if adaptive)."""
+        return replace(self, block_size=self.block_limit(drafter)) if self.adaptive(drafter) else self

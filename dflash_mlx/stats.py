@@ -1,0 +1,66 @@
+"""What one generation did, counted as it runs: `GenerationStats`, and its one plain view.
+
+The loop records every cycle here; the chat's panel, the server's `dflash` object, the
+benchmark and `dflash eval` all read the same numbers through `to_dict()` (or the
+properties), so tau and the histograms are computed in this one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+def histogram(values: Iterable[int], size: int = 0) -> list[int]:
+    """counts[n - 1] = how many of `values` equal n, for n = 1 .. max(size, max(values))."""
+    values = list(values)
+    counts = [0] * max(size, max(values, default=0))
+    for n in values:
+        counts[n - 1] += 1
+    return counts
+
+
+@dataclass
+class GenerationStats:
+    """Live statistics of one generation (updated in place as it runs)."""
+
+    block_size: int = 0  # the fixed block size, or the largest an adaptive one may pick
+    adaptive: bool = False
+    cycles: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per cycle
+    block_sizes: list[int] = field(default_factory=list)  # tokens verified per cycle (1: a plain step)
+    drafted_tokens: int = 0  # draft tokens proposed
+    accepted_drafted_tokens: int = 0
+    draft_time: float = 0.0  # seconds; split from verify_time only when profiling
+    verify_time: float = 0.0
+    prompt_time: float = 0.0
+    prompt_cached: int = 0  # prompt tokens reused from a PromptCache, not prefilled
+    generation_time: float = 0.0
+    generated_tokens: int = 0
+
+    @property
+    def mean_acceptance(self) -> float:
+        """tau: mean tokens committed per draft/verify cycle (1 .. block_size)."""
+        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
+
+    @property
+    def histogram(self) -> list[int]:
+        """histogram[n - 1] = number of cycles that committed n tokens."""
+        return histogram(self.accepted_lengths, self.block_size)
+
+    @property
+    def size_histogram(self) -> list[int]:
+        """size_histogram[b - 1] = number of cycles that verified b tokens."""
+        return histogram(self.block_sizes, self.block_size)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_time if self.generation_time else 0.0
+
+    def record(self, size: int, accepted: int) -> None:
+        """Count one cycle that verified `size` tokens and accepted `accepted` drafts."""
+        self.cycles += 1
+        self.accepted_lengths.append(accepted + 1)
+        self.block_sizes.append(size)
+        self.drafted_tokens += size - 1
+        self.accepted_drafted_tokens += accepted
