@@ -268,19 +268,26 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
+#: The `dflash` object's fields taken as they are from the stats' view (`GenerationStats.to_dict`).
+DFLASH_FIELDS = (
+    "accepted_length_histogram",
+    "block_size",
+    "adaptive",
+    "block_size_histogram",
+    "cycles",
+    "drafted_tokens",
+    "accepted_drafted_tokens",
+)
+
+
 def dflash_stats(stats: Any, generation_tps: float, prompt_tps: float) -> dict:
     """The `dflash` object: how speculative decoding went for this request."""
     if stats is None:
         return {}
+    view = stats.to_dict()
     return {
-        "tau": round(stats.mean_acceptance, 4),
-        "accepted_length_histogram": stats.histogram,
-        "block_size": stats.block_size,
-        "adaptive": stats.adaptive,
-        "block_size_histogram": stats.size_histogram,
-        "cycles": stats.cycles,
-        "drafted_tokens": stats.drafted_tokens,
-        "accepted_drafted_tokens": stats.accepted_drafted_tokens,
+        "tau": round(view["tau"], 4),
+        **{name: view[name] for name in DFLASH_FIELDS},
         "tokens_per_second": round(generation_tps, 2),
         "prompt_tokens_per_second": round(prompt_tps, 2),
     }

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from dflash_mlx.adaptive import BlockSizePolicy
 from dflash_mlx.messages import apply_chat_template, read_prompt_file, user_messages
 from dflash_mlx.options import DecodeOptions
-from dflash_mlx.stats import histogram
+from dflash_mlx.stats import histogram, tau
 
 DEFAULT_PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -60,7 +60,7 @@ class MethodResult:
 
     @property
     def tau(self) -> Optional[float]:
-        return self.committed / self.cycles if self.cycles else None
+        return tau(self.committed, self.cycles) if self.cycles else None
 
 
 def _clock(stream: Iterator, tokens_of: Callable) -> tuple[list[list[int]], float, object]:
@@ -264,12 +264,13 @@ def _methods(
         def run(prompt):
             stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)
             chunks, seconds, last = _clock(stream, lambda r: [r.token])
-            return chunks, seconds, last.stats.cycles, sum(last.stats.accepted_lengths), last.stats.block_sizes
+            view = last.stats.to_dict()
+            return chunks, seconds, view["cycles"], view["committed_tokens"], view["block_sizes"]
 
         return run
 
-    methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours(options)}
     options.block_limit(drafter)  # a fixed size the drafter cannot verify: one line, before any run
+    methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours(options)}
     for size in fixed_sizes:
         if size != options.block_size and 2 <= size <= drafter.config.block_size:
             methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))

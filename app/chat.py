@@ -22,9 +22,10 @@ from textual.widgets import Footer, Header, Input
 
 from dflash_mlx.options import DecodeOptions, OptionError
 
-from .engine import Cleared, Engine, Event, Failed, Finished, Loaded, Prefill, Settings, Snapshot, Status, Token
+from .engine import Cleared, Engine, Event, Finished, Loaded, Prefill, Settings, Snapshot, Status, Token
 from .commands import SlashCommands
 from .session import Session
+from .worker import Failed
 from .widgets import DRAFT_STYLE, TARGET_STYLE, EngineMessage, Note, Reply, StatsPanel, UserMessage, summary_line
 
 

@@ -1,7 +1,7 @@
 """The server's worker: one long-lived thread that owns the model and runs every request.
 
-MLX streams are thread-local, so the target, the drafter and the prompt caches are
-created and used on this one thread only. Requests queue in arrival order and run one at
+The thread (a `worker.ModelThread`, as the chat's engine is) owns the target, the
+drafter and the prompt caches. Requests queue in arrival order and run one at
 a time, each to the end (or until its client goes away: the worker checks after every
 token, so a cancelled request stops within the cycle it is in). The asyncio side hears
 back through the job's own queue, fed thread-safely.
@@ -15,7 +15,6 @@ one that shares the longest prefix with it.
 from __future__ import annotations
 
 import asyncio
-import gc
 import queue
 import secrets
 import threading
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from app.api import CompletionRequest, ModelInfo
-from app.engine import describe_error
+from app.worker import Failed, ModelThread, describe_error
 from dflash_mlx.options import DecodeOptions
 
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "QueueFull", "Worker"]
@@ -51,19 +50,8 @@ class Done:
     prompt_tps: float = 0.0
 
 
-@dataclass(frozen=True)
-class Failed:
-    """A request failed on the worker; `message` is one line."""
-
-    message: str
-
-
 class QueueFull(Exception):
     """The worker's queue is at its bound."""
-
-
-class _Cancelled(Exception):
-    """Raised in the prefill callback to abandon a cancelled request's prefill."""
 
 
 @dataclass
@@ -125,7 +113,7 @@ class CachePool:
             self.caches.remove(cache)
 
 
-class Worker:
+class Worker(ModelThread):
     """Loads the model and runs queued requests on its own thread.
 
     Args:
@@ -150,6 +138,7 @@ class Worker:
         no_draft: bool = False,
         draft_vocab: Optional[str] = None,
     ):
+        super().__init__("dflash-serve", max_queue=max_queue)
         self.model_ref, self.draft_ref, self.no_draft, self.draft_vocab = model, draft, no_draft, draft_vocab
         self.options, self.default_max_tokens, self.cache_slots = options, default_max_tokens, cache_slots
         self.info: Optional[ModelInfo] = None
@@ -157,15 +146,13 @@ class Worker:
         self.ready = threading.Event()  # set once loading ended, well or not
         self.running: Optional[Job] = None
         self.served = 0
-        self._jobs: queue.Queue = queue.Queue(maxsize=max_queue)
-        self._thread = threading.Thread(target=self._run, name="dflash-serve", daemon=True)
-        self.model = self.tokenizer = self.draft = self.pool = None  # owned by the worker thread
+        self.pool: Optional[CachePool] = None  # owned by the worker thread
 
     # ---- any thread
 
     def start(self, timeout: Optional[float] = None) -> ModelInfo:
         """Start the thread and wait for the model; raises RuntimeError if it did not load."""
-        self._thread.start()
+        self.start_thread()
         self.ready.wait(timeout)
         if self.info is None:
             raise RuntimeError(self.load_error or "the model did not load in time")
@@ -173,14 +160,14 @@ class Worker:
 
     @property
     def waiting(self) -> int:
-        return self._jobs.qsize()
+        return self.inbox.qsize()
 
     def submit(self, job: Job) -> None:
         """Queue a job behind those already waiting."""
         try:
-            self._jobs.put_nowait(job)
+            self.inbox.put_nowait(job)
         except queue.Full:
-            raise QueueFull(f"{self._jobs.maxsize} requests are already waiting") from None
+            raise QueueFull(f"{self.inbox.maxsize} requests are already waiting") from None
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Cancel the running request and stop the thread (queued ones are cancelled)."""
@@ -188,34 +175,28 @@ class Worker:
             self.running.cancel()
         while True:
             try:
-                self._jobs.get_nowait().cancel()
+                self.inbox.get_nowait().cancel()
             except queue.Empty:
                 break
-        self._jobs.put(None)
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self._thread.ident is not None and not self._thread.is_alive():
-            # MLX may abort at process exit ("terminate called without an active exception")
-            # while arrays made on a thread that has ended are still alive: free the
-            # worker's (some sit in reference cycles) and replace the global random key.
-            import mlx.core as mx
-
-            gc.collect()
-            mx.random.seed(secrets.randbits(63))
+        self.stop_thread(timeout)
 
     # ---- the worker thread
 
-    def _load(self) -> None:
-        import dflash_mlx
+    def setup(self) -> None:
+        """Load the models (a failure is kept in `load_error`; `ready` is set either way)."""
+        try:
+            self._load()
+        except Exception as exc:
+            self.load_error = describe_error(exc)
+        finally:
+            self.ready.set()
 
-        self.model, self.tokenizer = dflash_mlx.load(self.model_ref)
-        self.draft = (
-            None
-            if self.no_draft
-            else dflash_mlx.load_draft(self.draft_ref, model=self.model, draft_vocab=self.draft_vocab)
-        )
+    def _load(self) -> None:
+        self.load_target(self.model_ref)
+        if not self.no_draft:
+            self.load_drafter(self.draft_ref, self.draft_vocab)
         self.options.block_limit(self.draft)  # a --block-size the drafter cannot verify fails the start
-        self.pool = CachePool(lambda: dflash_mlx.make_prompt_cache(self.model, self.draft), self.cache_slots)
+        self.pool = CachePool(lambda: self.backend.make_prompt_cache(self.model, self.draft), self.cache_slots)
         args = getattr(self.model, "args", None)
         context = getattr(args, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 0)
         name = self.model_ref.rstrip("/").rsplit("/", 1)[-1] if self.model_ref else "SmolLM2-135M-Instruct"
@@ -224,23 +205,20 @@ class Worker:
         has_draft = self.draft is not None
         self.info = ModelInfo(name, self.tokenizer, context, self.default_max_tokens, aliases, has_draft, self.options)
 
-    def _run(self) -> None:
+    def handle(self, job: Job) -> None:
+        self.running = job
         try:
-            self._load()
-        except Exception as exc:
-            self.load_error = describe_error(exc)
+            self._generate(job)
         finally:
-            self.ready.set()
-        while (job := self._jobs.get()) is not None:
-            self.running = job
-            try:
-                self._generate(job)
-            except Exception as exc:  # never let the worker die
-                job.emit(Failed(describe_error(exc)))
-            finally:
-                self.running = None
-                self.served += 1
-        self.model = self.tokenizer = self.draft = self.pool = None
+            self.running = None
+            self.served += 1
+
+    def failed(self, job: Job, message: str) -> None:
+        job.emit(Failed(message))
+
+    def forget(self) -> None:
+        super().forget()
+        self.pool = None
 
     def _options(self, req: CompletionRequest) -> DecodeOptions:
         """The request's options as decoded. A seeded sampled request decodes with a fixed
@@ -253,46 +231,27 @@ class Worker:
         return options.fixed(self.draft) if options.temp > 0 else options
 
     def _generate(self, job: Job) -> None:
-        import dflash_mlx
-
         if job.cancelled.is_set():
             job.emit(Done("cancelled"))
             return
-        cache = self.pool.take(job.request.prompt)
+        req, cache = job.request, self.pool.take(job.request.prompt)
 
-        def progress(done: int, total: int) -> None:
-            if job.cancelled.is_set():
-                raise _Cancelled
+        def delta(response: Any) -> None:
+            job.generated = response.generation_tokens
+            if response.text:
+                job.emit(Delta(response.text))
 
-        responses = dflash_mlx.stream_generate(
-            self.model,
-            self.tokenizer,
-            job.request.prompt,
+        last, reason = self.decode(
+            req.prompt,
             self.draft,
-            self._options(job.request),
-            max_tokens=job.request.max_tokens,
-            stop=job.request.stop,
-            prompt_cache=cache,
-            prompt_progress_callback=progress,
+            self._options(req),
+            cache,
+            max_tokens=req.max_tokens,
+            stop=req.stop,
+            cancelled=job.cancelled.is_set,
+            on_response=delta,
+            drop_cache=lambda: self.pool.drop(cache),
         )
-        last, reason = None, "cancelled"
-        try:
-            for last in responses:
-                job.generated = last.generation_tokens
-                if last.text:
-                    job.emit(Delta(last.text))
-                if last.finish_reason is not None:
-                    reason = last.finish_reason
-                    break
-                if job.cancelled.is_set():
-                    break
-        except _Cancelled:
-            self.pool.drop(cache)  # part of the prompt may be in it
-        except Exception:
-            self.pool.drop(cache)  # its state is unknown after a failure
-            raise
-        finally:
-            responses.close()
         job.emit(_done(reason, last))
 
 

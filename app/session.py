@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dflash_mlx.stats import tau
+
 from .engine import Snapshot
 from .widgets import summary_line
 
@@ -30,15 +32,14 @@ class Totals:
         self.tokens += s.generation_tokens
         if not s.baseline:
             self.cycles += s.cycles
-            self.committed += round(s.mean_acceptance * s.cycles)
+            self.committed += s.committed
             self.drafted += s.drafted_tokens
             self.accepted += s.accepted_drafted_tokens
 
     def line(self) -> str:
-        tau = self.committed / self.cycles if self.cycles else 0.0
         rate = self.accepted / self.drafted if self.drafted else 0.0
         return (
-            f"Session: {self.replies} replies, {self.tokens} tokens, τ {tau:.2f} over "
+            f"Session: {self.replies} replies, {self.tokens} tokens, τ {tau(self.committed, self.cycles):.2f} over "
             f"{self.cycles} blocks, drafted {self.drafted}, accepted {self.accepted} ({rate:.0%})"
         )
 

@@ -3,113 +3,187 @@ Heavy imports happen inside the commands so that `dflash --help` stays fast."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence
 
 import typer
 
 from dflash_mlx.config import parse_layer_ids
 
 
+def options_signature(rows: Sequence[tuple[str, Any, Any, list[str], str]]) -> inspect.Signature:
+    """A command's typer options from a table of (name, type, default, flags, help) rows:
+    a command with dozens of options stays a short function over its values."""
+    return inspect.Signature(
+        [
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, *flags, help=text), annotation=kind
+            )
+            for name, kind, default, flags, text in rows
+        ]
+    )
+
+
 def data_command(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (train.jsonl, heldout.jsonl, meta.json)."),
-    source: List[str] = typer.Option(["chat", "math", "stdlib", "humaneval"], "--source", "-s",
-                                     help="Prompt source: chat, math, stdlib, humaneval, or a JSONL file of "
-                                          "prompts / chat transcripts. Repeatable."),
+    source: List[str] = typer.Option(
+        ["chat", "math", "stdlib", "humaneval"],
+        "--source",
+        "-s",
+        help="Prompt source: chat, math, stdlib, humaneval, or a JSONL file of prompts / chat transcripts. Repeatable.",
+    ),
     model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", help="Answer at most this many training prompts."),
+    num_prompts: Optional[int] = typer.Option(
+        None, "--num-prompts", "-n", help="Answer at most this many training prompts."
+    ),
     heldout: int = typer.Option(40, "--heldout", help="Prompts kept out of training, for `dflash eval`."),
     max_tokens: int = typer.Option(160, "--max-tokens", "-m", help="New tokens per answer."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Prompts answered together."),
     seed: int = typer.Option(0, "--seed"),
-    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature of the answers (0: greedy). "
-                               "Run again with another --temp to add sampled answers to the same set."),
+    temp: float = typer.Option(
+        0.0,
+        "--temp",
+        help="Sampling temperature of the answers (0: greedy). "
+        "Run again with another --temp to add sampled answers to the same set.",
+    ),
 ) -> None:
     """Build a self-distillation set: prompts answered greedily by the target itself."""
     from dflash_mlx.train.data import build_dataset
 
-    stats = build_dataset(out, source, model, num_prompts, heldout, max_tokens, batch_size, seed,
-                          temp=temp, log=lambda s: typer.echo(s))
+    stats = build_dataset(
+        out, source, model, num_prompts, heldout, max_tokens, batch_size, seed, temp=temp, log=lambda s: typer.echo(s)
+    )
     typer.echo(f"done: {stats['records']} answers, {stats['tokens']} new tokens in {stats['seconds']:.0f}s -> {out}")
 
 
-def train_command(
-    data: Path = typer.Option(..., "--data", "-d", help="train.jsonl from `dflash data` (or its directory)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Drafter directory to write (loadable by load_draft)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
-    num_layers: int = typer.Option(5, "--num-layers", help="Drafter decoder layers (paper: 5)."),
-    target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids",
-                                                   help="Comma-separated target layers to read (default: spread like z-lab's)."),
-    block_size: int = typer.Option(16, "--block-size", help="Block size B (paper: 16)."),
-    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="MASK token (default: an unused special token)."),
-    intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size", help="Drafter MLP width (default: the target's)."),
-    gamma: Optional[float] = typer.Option(None, "--gamma", help="Loss decay (default 7 for B=16, 5 for 10, 4 for 8)."),
-    init: str = typer.Option("warm", "--init", help="'warm': start from the target's layers after the deepest feature; 'cold': random."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from",
-                                             help="Start from this trained drafter instead of --init (its shape; a v1 "
-                                                  "drafter under --arch dflash2 starts as exactly the same drafter)."),
-    arch: str = typer.Option("dflash1", "--arch", help="'dflash1', or 'dflash2': dynamic causal convolutions and a candidate selector."),
-    conv_kernel_size: int = typer.Option(2, "--conv-kernel-size", help="DFlash2: convolution taps along the block."),
-    conv_group_size: int = typer.Option(16, "--conv-group-size", help="DFlash2: channels sharing one per-token kernel."),
-    selector_rank: int = typer.Option(32, "--selector-rank", help="DFlash2: rank of the selector's token codebooks."),
-    selector_top_k: int = typer.Option(8, "--selector-top-k", help="DFlash2: candidates per block position."),
-    selector_weight: float = typer.Option(1.0, "--selector-weight", help="DFlash2: weight of the selector's loss term."),
-    distill: float = typer.Option(0.5, "--distill", help="Weight of distillation from the target's top-k distribution (0: hard labels only)."),
-    top_k: int = typer.Option(8, "--top-k", help="Teacher tokens kept per position in the feature cache."),
-    features: Optional[Path] = typer.Option(None, "--features", help="Feature cache directory (default: DATA/features)."),
-    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per step (over all ranks)."),
-    num_anchors: int = typer.Option(32, "--num-anchors", help="Blocks sampled per sequence."),
-    max_len: int = typer.Option(1024, "--max-len", help="Truncate sequences to this many tokens."),
-    epochs: float = typer.Option(1.0, "--epochs"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
-    time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Stop after this many seconds."),
-    lr: float = typer.Option(6e-4, "--lr"),
-    warmup: float = typer.Option(0.04, "--warmup", help="Warmup fraction of the steps."),
-    weight_decay: float = typer.Option(0.01, "--weight-decay"),
-    adam_beta2: float = typer.Option(0.95, "--adam-beta2", help="AdamW beta2 (0.95: short runs escape the unigram plateau)."),
-    grad_clip: float = typer.Option(1.0, "--grad-clip"),
-    loss_vocab: str = typer.Option("full", "--loss-vocab",
-                                   help="'full' vocabulary, or 'sampled': the batch's labels and teacher tokens plus --negatives others each step (cheaper)."),
-    negatives: int = typer.Option(2048, "--negatives", help="With --loss-vocab sampled: other tokens drawn each step."),
-    checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints."),
-    checkpoint_minutes: float = typer.Option(5.0, "--checkpoint-minutes", help="Also checkpoint after this many minutes."),
-    eval_minutes: float = typer.Option(10.0, "--eval-minutes", help="Held-out greedy tau every this many minutes (0: off)."),
-    eval_prompts: int = typer.Option(8, "--eval-prompts", help="Held-out prompts per periodic evaluation."),
-    seed: int = typer.Option(0, "--seed"),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="Log lines instead of a progress bar."),
-) -> None:
+#: `dflash train`'s options, one row each: (name, type, default, flags, help). Every one but
+#: data, out, target_layer_ids, init_from, features and no_progress is the `TrainArgs` field
+#: of the same name.
+TRAIN_OPTIONS = [
+    ("data", Path, ..., ["--data", "-d"], "train.jsonl from `dflash data` (or its directory)."),
+    ("out", Path, ..., ["--out", "-o"], "Drafter directory to write (loadable by load_draft)."),
+    ("model", Optional[str], None, ["--model"], "Target model (default: SmolLM2-135M-Instruct)."),
+    ("num_layers", int, 5, ["--num-layers"], "Drafter decoder layers (paper: 5)."),
+    (
+        "target_layer_ids",
+        Optional[str],
+        None,
+        ["--target-layer-ids"],
+        "Comma-separated target layers to read (default: spread like z-lab's).",
+    ),
+    ("block_size", int, 16, ["--block-size"], "Block size B (paper: 16)."),
+    ("mask_token_id", Optional[int], None, ["--mask-token-id"], "MASK token (default: an unused special token)."),
+    ("intermediate_size", Optional[int], None, ["--intermediate-size"], "Drafter MLP width (default: the target's)."),
+    ("gamma", Optional[float], None, ["--gamma"], "Loss decay (default 7 for B=16, 5 for 10, 4 for 8)."),
+    (
+        "init",
+        str,
+        "warm",
+        ["--init"],
+        "'warm': start from the target's layers after the deepest feature; 'cold': random.",
+    ),
+    (
+        "init_from",
+        Optional[Path],
+        None,
+        ["--init-from"],
+        "Start from this trained drafter instead of --init (its shape; a v1 drafter under --arch dflash2 "
+        "starts as exactly the same drafter).",
+    ),
+    (
+        "arch",
+        str,
+        "dflash1",
+        ["--arch"],
+        "'dflash1', or 'dflash2': dynamic causal convolutions and a candidate selector.",
+    ),
+    ("conv_kernel_size", int, 2, ["--conv-kernel-size"], "DFlash2: convolution taps along the block."),
+    ("conv_group_size", int, 16, ["--conv-group-size"], "DFlash2: channels sharing one per-token kernel."),
+    ("selector_rank", int, 32, ["--selector-rank"], "DFlash2: rank of the selector's token codebooks."),
+    ("selector_top_k", int, 8, ["--selector-top-k"], "DFlash2: candidates per block position."),
+    ("selector_weight", float, 1.0, ["--selector-weight"], "DFlash2: weight of the selector's loss term."),
+    (
+        "distill",
+        float,
+        0.5,
+        ["--distill"],
+        "Weight of distillation from the target's top-k distribution (0: hard labels only).",
+    ),
+    ("top_k", int, 8, ["--top-k"], "Teacher tokens kept per position in the feature cache."),
+    ("features", Optional[Path], None, ["--features"], "Feature cache directory (default: DATA/features)."),
+    ("batch_size", int, 4, ["--batch-size"], "Sequences per step (over all ranks)."),
+    ("num_anchors", int, 32, ["--num-anchors"], "Blocks sampled per sequence."),
+    ("max_len", int, 1024, ["--max-len"], "Truncate sequences to this many tokens."),
+    ("epochs", float, 1.0, ["--epochs"], None),
+    ("max_steps", Optional[int], None, ["--max-steps"], None),
+    ("time_limit", Optional[float], None, ["--time-limit"], "Stop after this many seconds."),
+    ("lr", float, 0.0006, ["--lr"], None),
+    ("warmup", float, 0.04, ["--warmup"], "Warmup fraction of the steps."),
+    ("weight_decay", float, 0.01, ["--weight-decay"], None),
+    ("adam_beta2", float, 0.95, ["--adam-beta2"], "AdamW beta2 (0.95: short runs escape the unigram plateau)."),
+    ("grad_clip", float, 1.0, ["--grad-clip"], None),
+    (
+        "loss_vocab",
+        str,
+        "full",
+        ["--loss-vocab"],
+        "'full' vocabulary, or 'sampled': the batch's labels and teacher tokens plus --negatives others "
+        "each step (cheaper).",
+    ),
+    ("negatives", int, 2048, ["--negatives"], "With --loss-vocab sampled: other tokens drawn each step."),
+    ("checkpoint_every", int, 200, ["--checkpoint-every"], "Steps between checkpoints."),
+    ("checkpoint_minutes", float, 5.0, ["--checkpoint-minutes"], "Also checkpoint after this many minutes."),
+    ("eval_minutes", float, 10.0, ["--eval-minutes"], "Held-out greedy tau every this many minutes (0: off)."),
+    ("eval_prompts", int, 8, ["--eval-prompts"], "Held-out prompts per periodic evaluation."),
+    ("seed", int, 0, ["--seed"], None),
+    ("resume", bool, False, ["--resume"], "Continue from OUT/checkpoint."),
+    ("no_progress", bool, False, ["--no-progress"], "Log lines instead of a progress bar."),
+]
+
+
+def train_command(**values) -> None:
     """Train a DFlash (or DFlash2) drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
     from dflash_mlx.train.loop import TrainArgs, train
 
+    data, out, init_from, features = (values.pop(k) for k in ("data", "out", "init_from", "features"))
     data_file = data / "train.jsonl" if data.is_dir() else data
     if not data_file.is_file():
         raise FileNotFoundError(f"no training data at {data_file}")
-    args = TrainArgs(data=str(data_file), out=str(out), model=model, num_layers=num_layers,
-                     target_layer_ids=parse_layer_ids(target_layer_ids), block_size=block_size, mask_token_id=mask_token_id,
-                     intermediate_size=intermediate_size, gamma=gamma, init=init,
-                     init_from=str(init_from) if init_from else None, arch=arch, conv_kernel_size=conv_kernel_size,
-                     conv_group_size=conv_group_size, selector_rank=selector_rank, selector_top_k=selector_top_k,
-                     selector_weight=selector_weight, distill=distill, top_k=top_k,
-                     features=str(features) if features else None, batch_size=batch_size,
-                     num_anchors=num_anchors, max_len=max_len, epochs=epochs, max_steps=max_steps,
-                     time_limit=time_limit, lr=lr, warmup=warmup, weight_decay=weight_decay, adam_beta2=adam_beta2, grad_clip=grad_clip,
-                     loss_vocab=loss_vocab, negatives=negatives, checkpoint_every=checkpoint_every,
-                     checkpoint_minutes=checkpoint_minutes, eval_minutes=eval_minutes, eval_prompts=eval_prompts, seed=seed, resume=resume, progress=not no_progress)
+    args = TrainArgs(
+        data=str(data_file),
+        out=str(out),
+        target_layer_ids=parse_layer_ids(values.pop("target_layer_ids")),
+        init_from=str(init_from) if init_from else None,
+        features=str(features) if features else None,
+        progress=not values.pop("no_progress"),
+        **values,
+    )
     result = train(args, log=lambda s: typer.echo(s))
     typer.echo(f"trained {result['step']} steps in {result['elapsed']:.0f}s -> {out}")
 
 
+train_command.__signature__ = options_signature(TRAIN_OPTIONS)  # what typer reads the options from
+
+
 def eval_command(
-    prompts: List[str] = typer.Option(..., "--prompts", "-p",
-                                      help="heldout.jsonl from `dflash data`, a prompt JSONL, or a built-in source. Repeatable."),
+    prompts: List[str] = typer.Option(
+        ...,
+        "--prompts",
+        "-p",
+        help="heldout.jsonl from `dflash data`, a prompt JSONL, or a built-in source. Repeatable.",
+    ),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
-    draft_vocab: Optional[str] = typer.Option(None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."),
+    draft_vocab: Optional[str] = typer.Option(
+        None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
+    ),
     model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
     temp: List[float] = typer.Option([0.0, 1.0], "--temp", help="Temperatures (repeatable)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Verify this many tokens (default: the drafter's B)."),
+    block_size: Optional[int] = typer.Option(
+        None, "--block-size", help="Verify this many tokens (default: the drafter's B)."
+    ),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
     seed: int = typer.Option(0, "--seed"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
@@ -123,19 +197,32 @@ def eval_command(
         raise ValueError("no prompts to evaluate")
     target, tokenizer = load(model)
     drafter = load_draft(draft, model=target, draft_vocab=draft_vocab)
-    results = evaluate(target, tokenizer, drafter, items, max_tokens=max_tokens, temps=temp,
-                       block_size=block_size, seed=seed)
+    results = evaluate(
+        target, tokenizer, drafter, items, max_tokens=max_tokens, temps=temp, block_size=block_size, seed=seed
+    )
     typer.echo(format_results(results))
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def draft_vocab_command(
-    data: List[Path] = typer.Option(..., "--data", "-d", help="train.jsonl from `dflash data` (or its directory). Repeatable."),
-    out: Path = typer.Option(..., "--out", "-o", help="A drafter directory (writes draft_vocab.json into it) or a file path."),
-    size: Optional[int] = typer.Option(None, "--size", help="Keep this many most frequent tokens (past the counted ones: the lowest ids, BPE's most frequent merges)."),
-    coverage: Optional[float] = typer.Option(None, "--coverage", help="Keep the most frequent tokens up to this share of all."),
-    model: Optional[str] = typer.Option(None, "--model", help="Target model, for its EOS and chat-template tokens (default: SmolLM2)."),
+    data: List[Path] = typer.Option(
+        ..., "--data", "-d", help="train.jsonl from `dflash data` (or its directory). Repeatable."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="A drafter directory (writes draft_vocab.json into it) or a file path."
+    ),
+    size: Optional[int] = typer.Option(
+        None,
+        "--size",
+        help="Keep this many most frequent tokens (past the counted ones: the lowest ids, BPE's most frequent merges).",
+    ),
+    coverage: Optional[float] = typer.Option(
+        None, "--coverage", help="Keep the most frequent tokens up to this share of all."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Target model, for its EOS and chat-template tokens (default: SmolLM2)."
+    ),
 ) -> None:
     """Build a draft vocabulary from the target's own answers: the drafter then scores only
     those tokens (cheaper drafts; decoding stays lossless)."""
@@ -158,8 +245,9 @@ def draft_vocab_command(
     eos = sorted(set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id]))
     turn = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     specials = set(apply_chat_template(tokenizer, turn)) & set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids, covered = build_draft_vocab(counts, size=size, coverage=coverage, required=set(eos) | specials,
-                                     vocab_size=make_target(target).vocab_size)
+    ids, covered = build_draft_vocab(
+        counts, size=size, coverage=coverage, required=set(eos) | specials, vocab_size=make_target(target).vocab_size
+    )
     if not (out.is_dir() or out.suffix == ".json"):
         raise ValueError(f"--out must be a drafter directory or a .json file, got {out}")
     file = save_draft_vocab(ids, out, eos, covered, source=", ".join(str(d) for d in data))

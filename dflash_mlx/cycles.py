@@ -4,6 +4,9 @@ A plain step's token is returned lazy, already queued with `mx.async_eval`: the 
 size policy does not look at token values, so the loop can queue the next plain step
 on the lazy token before it reads this one on the host, as mlx-lm does. A run of plain
 steps then costs what plain mlx-lm decoding does.
+
+`Cycles` is the one writer of `PromptCache.tokens` (what the target cache holds): a
+token joins it when it enters the target, or, fed lazily, once `read` knows its value.
 """
 
 from __future__ import annotations

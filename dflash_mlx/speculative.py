@@ -354,16 +354,17 @@ def generate(
 
 def format_stats(response: GenerationResponse) -> str:
     """A few lines of human-readable stats for a finished generation."""
-    s = response.stats
+    s = response.stats.to_dict() if response.stats is not None else {"block_size": 0}
     lines = [
         f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.1f} tokens/s",
         f"Generation: {response.generation_tokens} tokens, {response.generation_tps:.1f} tokens/s",
         f"Peak memory: {response.peak_memory:.3f} GB",
     ]
-    if s is not None and s.block_size > 1:
-        lines.append(f"Acceptance: tau {s.mean_acceptance:.2f} over {s.cycles} cycles; histogram {s.histogram}")
-        kind = f"adaptive, 1..{s.block_size}" if s.adaptive else f"fixed {s.block_size}"
-        lines.append(f"Block size ({kind}): histogram {s.size_histogram}")
-        if s.draft_time:
-            lines.append(f"Time: draft {s.draft_time:.2f}s, verify {s.verify_time:.2f}s")
+    if s["block_size"] > 1:
+        histogram = s["accepted_length_histogram"]
+        lines.append(f"Acceptance: tau {s['tau']:.2f} over {s['cycles']} cycles; histogram {histogram}")
+        kind = f"adaptive, 1..{s['block_size']}" if s["adaptive"] else f"fixed {s['block_size']}"
+        lines.append(f"Block size ({kind}): histogram {s['block_size_histogram']}")
+        if s["draft_time"]:
+            lines.append(f"Time: draft {s['draft_time']:.2f}s, verify {s['verify_time']:.2f}s")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ properties), so tau and the histograms are computed in this one place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 
 def histogram(values: Iterable[int], size: int = 0) -> list[int]:
@@ -18,6 +18,11 @@ def histogram(values: Iterable[int], size: int = 0) -> list[int]:
     for n in values:
         counts[n - 1] += 1
     return counts
+
+
+def tau(committed: int, cycles: int) -> float:
+    """Mean acceptance length: tokens committed per draft/verify cycle (0 before any)."""
+    return committed / cycles if cycles else 0.0
 
 
 @dataclass
@@ -39,9 +44,14 @@ class GenerationStats:
     generated_tokens: int = 0
 
     @property
+    def committed(self) -> int:
+        """Tokens committed by the cycles (the first token, from the prefill, is not one)."""
+        return sum(self.accepted_lengths)
+
+    @property
     def mean_acceptance(self) -> float:
         """tau: mean tokens committed per draft/verify cycle (1 .. block_size)."""
-        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
+        return tau(self.committed, len(self.accepted_lengths))
 
     @property
     def histogram(self) -> list[int]:
@@ -64,3 +74,27 @@ class GenerationStats:
         self.block_sizes.append(size)
         self.drafted_tokens += size - 1
         self.accepted_drafted_tokens += accepted
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, JSON-able copy of the numbers, derived ones included: the one view
+        the chat, the server, the benchmark and `dflash eval` read."""
+        return {
+            "tau": self.mean_acceptance,
+            "cycles": self.cycles,
+            "committed_tokens": self.committed,
+            "accepted_lengths": list(self.accepted_lengths),
+            "accepted_length_histogram": self.histogram,
+            "block_size": self.block_size,
+            "adaptive": self.adaptive,
+            "block_sizes": list(self.block_sizes),
+            "block_size_histogram": self.size_histogram,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_drafted_tokens": self.accepted_drafted_tokens,
+            "generated_tokens": self.generated_tokens,
+            "tokens_per_second": self.tokens_per_second,
+            "prompt_cached": self.prompt_cached,
+            "prompt_time": self.prompt_time,
+            "generation_time": self.generation_time,
+            "draft_time": self.draft_time,
+            "verify_time": self.verify_time,
+        }

@@ -21,6 +21,7 @@ SMOLLM2 = dict(hidden_size=576, vocab_size=49152, num_target_layers=30)
 #: z-lab's torch reference): `make test-fast` (pytest -m "not slow") leaves them out.
 SLOW_MODULES = {
     "test_lossless.py",
+    "test_cache_reuse.py",
     "test_sampling.py",
     "test_reference_parity.py",
     "test_dflash2_parity.py",

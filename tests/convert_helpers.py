@@ -15,8 +15,10 @@ import pytest
 
 try:
     import zlab_reference as zr
+    import zlab_run as zrun
 except ImportError:  # tests/ imported as a package
     from tests import zlab_reference as zr
+    from tests import zlab_run as zrun  # noqa: F401  (imported from here by the converter tests)
 
 from conftest import SMOLLM2
 

@@ -66,7 +66,7 @@ class FakeBackend:
             raise self.load_error
         return "fake-model", FakeTokenizer()
 
-    def load_draft(self, path_or_repo=None, model=None):
+    def load_draft(self, path_or_repo=None, model=None, draft_vocab=None):
         self._touch()
         if self.draft_error:
             raise self.draft_error
@@ -79,7 +79,7 @@ class FakeBackend:
         return cache
 
     def stream_generate(self, model, tokenizer, prompt, draft_model=None, options=None, *, max_tokens=256,
-                        prompt_cache=None, prompt_progress_callback=None):
+                        stop=(), prompt_cache=None, prompt_progress_callback=None):
         self._touch()
         options = options or DecodeOptions()
         block_size = options.block_size

@@ -17,11 +17,11 @@ import pytest
 try:
     from convert_helpers import (HIDDEN, IDS, add_to_hub_cache, assert_fails, assert_ok,
                                  block_inputs, cli, drafter_config, leftovers, mlx_logits,
-                                 offline_hub, write_numpy_checkpoint, zr)
+                                 offline_hub, write_numpy_checkpoint, zr, zrun)
 except ImportError:  # tests/ imported as a package
     from tests.convert_helpers import (HIDDEN, IDS, add_to_hub_cache, assert_fails, assert_ok,
                                        block_inputs, cli, drafter_config, leftovers, mlx_logits,
-                                       offline_hub, write_numpy_checkpoint, zr)
+                                       offline_hub, write_numpy_checkpoint, zr, zrun)
 
 __all__ = ["offline_hub"]  # the fixture, imported for pytest
 
@@ -80,7 +80,7 @@ def test_convert_from_offline_hub_matches_zlab(fmt, dtype, config, torch_drafter
         with torch.no_grad():
             for p in reference.parameters():
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
-    expected = zr.torch_draft_logits(reference, ctx, emb, lm_head=head)
+    expected = zrun.torch_draft_logits(reference, ctx, emb, lm_head=head)
     got = mlx_logits(draft, ctx, emb, head)
     assert got.shape == expected.shape == (1, 8, 1000)
     assert np.abs(got - expected).max() < 1e-4 * max(1.0, np.abs(expected).max())
@@ -143,7 +143,7 @@ def test_round_trip_convert_export_zlab_strict(config, torch_drafter, inputs, tm
     for k, v in back.state_dict().items():
         assert torch.equal(v, rounded[k]), k
     ctx, emb, head = inputs
-    got = zr.torch_draft_logits(back, ctx, emb, lm_head=head)
+    got = zrun.torch_draft_logits(back, ctx, emb, lm_head=head)
     ours = mlx_logits(dflash_mlx.load_draft(out), ctx, emb, head)
     assert np.abs(got - ours).max() < 1e-4 * max(1.0, np.abs(got).max())
 
@@ -157,14 +157,14 @@ def test_quantized_convert_and_export(config, torch_drafter, inputs, tmp_path):
     assert "8-bit" in (out / "README.md").read_text()
     draft = dflash_mlx.load_draft(out)
     ctx, emb, head = inputs
-    expected = zr.torch_draft_logits(torch_drafter, ctx, emb, lm_head=head)
+    expected = zrun.torch_draft_logits(torch_drafter, ctx, emb, lm_head=head)
     ours = mlx_logits(draft, ctx, emb, head)
     scale = np.abs(expected).max()
     assert np.abs(ours - expected).max() < 0.05 * scale  # 8-bit weights: close, not exact
 
     assert_ok(cli("export", out, exported, "--dtype", "float32"))
     back = zr.load_torch_drafter(exported, dtype="float32", strict=True)
-    got = zr.torch_draft_logits(back, ctx, emb, lm_head=head)
+    got = zrun.torch_draft_logits(back, ctx, emb, lm_head=head)
     assert np.abs(got - ours).max() < 1e-4 * scale  # the export holds the dequantized weights
 
 

@@ -16,10 +16,10 @@ from dflash_mlx.drafter2 import Drafter2
 
 try:
     from convert_helpers import (HIDDEN, assert_fails, assert_ok, block_inputs, cli, drafter2_config,
-                                 drafter_config, mlx_logits, write_numpy_checkpoint, zlab_shapes, zr)
+                                 drafter_config, mlx_logits, write_numpy_checkpoint, zlab_shapes, zr, zrun)
 except ImportError:  # tests/ imported as a package
     from tests.convert_helpers import (HIDDEN, assert_fails, assert_ok, block_inputs, cli, drafter2_config,
-                                       drafter_config, mlx_logits, write_numpy_checkpoint, zlab_shapes, zr)
+                                       drafter_config, mlx_logits, write_numpy_checkpoint, zlab_shapes, zr, zrun)
 
 CODEBOOK = "candidate_selector.predecessor_codebook"
 
@@ -111,14 +111,14 @@ def test_round_trip_convert_export_zlab_strict(tmp_path):
     for k, v in back.state_dict().items():
         assert torch.equal(v, rounded[k]), k
     assert set(zr.read_checkpoint_tensors(exported)) == set(zlab_shapes(config))
-    assert isinstance(zr.zlab_mlx_load_draft(exported).candidate_selector.predecessor_codebook.weight, mx.array)
+    assert isinstance(zrun.zlab_mlx_load_draft(exported).candidate_selector.predecessor_codebook.weight, mx.array)
 
     ctx, emb, head = block_inputs(seed=2)
-    want = zr.torch_draft_logits(back, ctx, emb)
-    want_logits = zr.torch_draft_logits(back, ctx, emb, lm_head=head)
+    want = zrun.torch_draft_logits(back, ctx, emb)
+    want_logits = zrun.torch_draft_logits(back, ctx, emb, lm_head=head)
     ours = dflash_mlx.load_draft(out)
     ours.set_dtype(mx.float32)
     got = mlx_logits(ours, ctx, emb, np.eye(HIDDEN, dtype=np.float32))  # the hidden states
     assert np.abs(got - want).max() < 1e-4 * max(1.0, np.abs(want).max())
     path, _, _ = ours.candidate_selector.select(mx.array(got[0, 1:]), mx.array(want_logits[0, 1:]), mx.array(3), 0.0)
-    assert path.tolist() == zr.torch_select(back, want, want_logits, 3)
+    assert path.tolist() == zrun.torch_select(back, want, want_logits, 3)

@@ -35,7 +35,8 @@ def test_user_prompt_files_and_transcripts(tmp_path):
     ]) + "\n")
     prompts = read_prompt_file(f)
     assert [p["messages"][-1]["content"] for p in prompts] == ["Say hi", "Plain text", "Q2"]
-    assert [m["role"] for m in prompts[2]["messages"]] == ["system", "user", "assistant", "user"]  # up to last user turn
+    # the messages up to the last user turn
+    assert [m["role"] for m in prompts[2]["messages"]] == ["system", "user", "assistant", "user"]
     assert prompts[2]["id"] == "t1" and prompts[0]["source"] == "mine"
     assert collect_prompts([str(f)]) == prompts
     bad = tmp_path / "bad.jsonl"

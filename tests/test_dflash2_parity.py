@@ -26,12 +26,14 @@ from dflash_mlx.drafter2 import Drafter2
 from conftest import SMOLLM2
 from test_reference_parity import CONFIGS as V1_CONFIGS
 from test_reference_parity import _chat, _ours_generate, _step_inputs
-from zlab_reference import zlab_generate
+from zlab_run import zlab_generate
 
 try:
     import zlab_reference as zr
+    import zlab_run as zrun
 except ImportError:  # tests/ imported as a package
     from tests import zlab_reference as zr
+    from tests import zlab_run as zrun
 
 pytestmark = [
     pytest.mark.skipif(not zr.ZLAB_AVAILABLE, reason="torch + dflash==0.1.0 not installed"),
@@ -92,14 +94,14 @@ def test_drafter2_matches_zlab_torch_over_growing_context(name):
     anchors = [int(rng.integers(0, MASK)) for _ in pairs]
     steps = [(f, e, a) for (f, e), a in zip(pairs, anchors)]
 
-    ref_hidden = zr.torch_draft_logits_growing(torch_model, pairs)
-    ref_logits = zr.torch_draft_logits_growing(torch_model, pairs, lm_head=lm_head)
+    ref_hidden = zrun.torch_draft_logits_growing(torch_model, pairs)
+    ref_logits = zrun.torch_draft_logits_growing(torch_model, pairs, lm_head=lm_head)
     ours = _run_ours(_ours(torch_model, config), steps, lm_head)
     changed_by_selector = 0
     for i, ((h, logits, path), want_h, want_l, anchor) in enumerate(zip(ours, ref_hidden, ref_logits, anchors)):
         assert _max_diff(h, want_h) < TOL, f"{name}: step {i} hidden"
         assert _max_diff(logits, want_l) < TOL, f"{name}: step {i} logits"
-        assert path == zr.torch_select(torch_model, want_h, want_l, anchor), f"{name}: step {i} path"
+        assert path == zrun.torch_select(torch_model, want_h, want_l, anchor), f"{name}: step {i} path"
         changed_by_selector += path != np.argmax(want_l[0, 1:], axis=-1).tolist()
     assert changed_by_selector >= 2  # the interaction term really picks other candidates
 
@@ -149,7 +151,7 @@ def test_greedy_tokens_equal_zlab_mlx_dflash2(default_model, zlab_target, smol2_
     model, tokenizer = default_model
     path = smol2_drafters[kind]
     ours = load_draft(str(path), model=model)
-    theirs = zr.zlab_mlx_load_draft(path)
+    theirs = zrun.zlab_mlx_load_draft(path)
     assert isinstance(ours, Drafter2) and type(theirs).__name__ == "DFlash2DraftModel"
     prompt = _chat(tokenizer, text)
     max_tokens = 40
@@ -181,7 +183,7 @@ def test_first_draft_equals_zlab_mlx_on_the_real_target(default_model, smol2_dra
 
     model, tokenizer = default_model
     path = smol2_drafters["random"]
-    ours, theirs = load_draft(str(path), model=model), zr.zlab_mlx_load_draft(path).bind(model)
+    ours, theirs = load_draft(str(path), model=model), zrun.zlab_mlx_load_draft(path).bind(model)
     target = make_target(model, SMOL_IDS)
     tokens = _chat(tokenizer, "Write a haiku about the sea.")
     _, features = target.forward(mx.array(tokens)[None], make_prompt_cache(model))

@@ -13,16 +13,13 @@ import random
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx_lm
-import numpy as np
 import pytest
-from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from dflash_mlx import make_prompt_cache, stream_generate
 from dflash_mlx.adaptive import BlockSizePolicy
 from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
-from dflash_mlx.targets import make_target
 
 PROMPTS = [
     "What is the capital of France?",
@@ -245,30 +242,6 @@ def test_adaptive_policy_follows_the_drafter(default_model, references):
     assert sum(r.from_draft for r in responses) == stats.accepted_drafted_tokens >= 20
 
 
-def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):
-    """After plain steps and drafted blocks, the drafter's context holds exactly the
-    features of the committed tokens, at their positions: as if they had been prefilled."""
-    model, tokenizer = default_model
-    mx.random.seed(3)
-    drafter = Drafter(drafter_config())
-    mx.eval(drafter.parameters())
-    cache = make_prompt_cache(model, drafter)
-    prompt = chat(tokenizer, PROMPTS[4])
-    policy = ScriptedPolicy([1, 3, 1, 1, BLOCK, 2, 1])
-    *_, last = stream_generate(model, tokenizer, prompt, drafter, max_tokens=40, prompt_cache=cache, policy=policy)
-    assert {1, 3, BLOCK} <= set(last.stats.block_sizes)
-    cache.flush()  # features of the last plain steps wait for the next draft
-    assert cache.draft_length == len(cache.tokens)
-    _, features = make_target(model, drafter.config.target_layer_ids).forward(mx.array(cache.tokens)[None],
-                                                                      make_target_cache(model))
-    fresh = drafter.make_cache()
-    drafter.append_context(features, fresh)
-    for got, want in zip(cache.draft, fresh):
-        n = want.offset
-        for a, b in ((got.keys, want.keys), (got.values, want.values)):
-            np.testing.assert_allclose(np.array(a[..., :n, :]), np.array(b[..., :n, :]), rtol=1e-3, atol=1e-3)
-
-
 def test_eos_inside_an_accepted_block(default_model, references):
     model, tokenizer = default_model
     stopped = [(p, r) for p, r in references.values() if r[-1] in tokenizer.eos_token_ids]
@@ -305,39 +278,6 @@ def test_stop_string(default_model, references):
     _, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, stop=[stop], block_size=16)
     assert "".join(r.text for r in responses) == full[: full.index(stop)]
     assert responses[-1].finish_reason == "stop"
-
-
-@pytest.mark.parametrize("block_size", [BLOCK, None])
-def test_multi_turn_cache_reuse_is_lossless(default_model, block_size):
-    """A second turn through a reused PromptCache equals a fresh generation, and only
-    the new part of the prompt is prefilled (adaptive: the plain steps' features that
-    wait for a draft at the end of a turn are kept too)."""
-    model, tokenizer = default_model
-    mx.random.seed(2)
-    drafter = Drafter(drafter_config())
-    mx.eval(drafter.parameters())
-    cache = make_prompt_cache(model, drafter)
-    messages = [{"role": "user", "content": PROMPTS[2]}]
-    first = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    reply = "".join(r.text for r in stream_generate(model, tokenizer, first, drafter, max_tokens=24, prompt_cache=cache,
-                                                    block_size=block_size))
-    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": PROMPTS[3]}]
-    second = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    progress = []
-    reused, responses = ours(model, tokenizer, second, drafter, max_tokens=32, prompt_cache=cache,
-                             block_size=block_size,
-                             prompt_progress_callback=lambda done, total: progress.append((done, total)))
-    fresh = [r.token for r in mlx_lm.stream_generate(model, tokenizer, second, max_tokens=32)]
-    assert reused == fresh
-    assert progress == [(len(second), len(second))]
-    assert responses[-1].stats.prompt_cached > len(first)  # the first turn's reply is reused too
-    assert cache.tokens[: len(first)] == first
-    # Toggling to target-only and back stays lossless on the same cache.
-    third = second + [tokenizer.encode(" ok")[0]]
-    assert ours(model, tokenizer, third, None, max_tokens=8, prompt_cache=cache)[0] == \
-        [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]
-    assert ours(model, tokenizer, third, drafter, max_tokens=8, prompt_cache=cache, block_size=block_size)[0] == \
-        [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]
 
 
 def assert_cache_agrees(cache, drafter) -> None:

@@ -28,12 +28,14 @@ from dflash_mlx.drafters import build_drafter
 from dflash_mlx.targets import make_target
 
 from conftest import SMOLLM2
-from zlab_reference import zlab_generate
+from zlab_run import zlab_generate
 
 try:
     import zlab_reference as zr
+    import zlab_run as zrun
 except ImportError:  # tests/ imported as a package
     from tests import zlab_reference as zr
+    from tests import zlab_run as zrun
 
 pytestmark = [
     pytest.mark.skipif(not zr.ZLAB_AVAILABLE, reason="torch + dflash==0.1.0 not installed"),
@@ -128,8 +130,8 @@ def test_drafter_matches_zlab_torch_over_growing_context(name):
     ours = _ours_from_torch(torch_model, config)
     steps, lm_head = _step_inputs(np.random.default_rng(5), spec)
 
-    ref_hidden = zr.torch_draft_logits_growing(torch_model, steps)
-    ref_logits = zr.torch_draft_logits_growing(torch_model, steps, lm_head=lm_head)
+    ref_hidden = zrun.torch_draft_logits_growing(torch_model, steps)
+    ref_logits = zrun.torch_draft_logits_growing(torch_model, steps, lm_head=lm_head)
     hidden, logits, starts = _run_ours(ours, steps, lm_head)
 
     # The block sits right after the context: positions 9, 10, 14, 16, 22.
@@ -173,7 +175,7 @@ def test_drafter_matches_zlab_torch_on_the_real_target(default_model):
     for lo, hi in zip([0] + cuts, cuts):
         block = mx.array([[tokens[hi]] + [mask_id] * (16 - 1)])
         steps.append((features[:, lo:hi], np.array(target.embed(block))))
-    ref = zr.torch_draft_logits_growing(torch_model, steps, lm_head=lm_head)
+    ref = zrun.torch_draft_logits_growing(torch_model, steps, lm_head=lm_head)
 
     cache = ours.make_cache()
     for (f, e), want in zip(steps, ref):
@@ -242,7 +244,7 @@ def test_greedy_tokens_equal_zlab_mlx(default_model, zlab_target, smol_drafters,
     model, tokenizer = default_model
     path = smol_drafters[kind]
     ours = load_draft(str(path), model=model)
-    theirs = zr.zlab_mlx_load_draft(path)
+    theirs = zrun.zlab_mlx_load_draft(path)
     prompt = _chat(tokenizer, text)
 
     max_tokens = 48  # z-lab counts the prefill token too, as we do

@@ -24,12 +24,12 @@ from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from test_targets import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of, reference
 from tiny_targets import HIDDEN, VOCAB, tiny_target
-from zlab_reference import zlab_generate
+from zlab_run import zlab_generate
 
 try:
-    import zlab_reference as zr
+    import zlab_run as zrun
 except ImportError:  # tests/ imported as a package
-    from tests import zlab_reference as zr
+    from tests import zlab_run as zrun
 
 pytest.importorskip("dflash.model_mlx")
 
@@ -52,7 +52,7 @@ def test_qwen3_5_greedy_equals_zlab_mlx(default_model, tmp_path, block_size):
     target = make_target(model)
     _save_random_drafter(target, tmp_path, seed=5)
     ours_drafter = load_draft(str(tmp_path), model=model)
-    theirs_drafter = zr.zlab_mlx_load_draft(tmp_path)
+    theirs_drafter = zrun.zlab_mlx_load_draft(tmp_path)
     accepted = []
     for seed, length in [(1, 6), (2, 21)]:
         prompt = prompt_of(length, seed)
@@ -130,7 +130,7 @@ def test_drafter_fields_equal_zlab_mlx(tmp_path):
     _save_random_drafter(target, tmp_path, seed=6, **fields)
     ours = load_draft(str(tmp_path), model=model)
     assert ours.config.final_logit_softcapping == 3.0 and ours.config.input_embedding_scale == 1.7
-    theirs = zr.zlab_mlx_load_draft(tmp_path).bind(model)
+    theirs = zrun.zlab_mlx_load_draft(tmp_path).bind(model)
     prompt = prompt_of(11, 3)
     _, features = target.forward(mx.array(prompt)[None], make_target_cache(model))
     block = mx.array([[prompt[-1]] + [MASK] * 7])

@@ -9,8 +9,10 @@ import dflash_mlx  # noqa: F401  (OpenBLAS preload before any mlx import)
 
 try:
     import zlab_reference as zr
+    import zlab_run as zrun
 except ImportError:  # tests/ imported as a package
     from tests import zlab_reference as zr
+    from tests import zlab_run as zrun
 
 pytestmark = pytest.mark.skipif(not zr.ZLAB_AVAILABLE, reason="torch + dflash==0.1.0 not installed")
 
@@ -87,8 +89,8 @@ def test_save_and_strict_reload(drafter, tmp_path, fmt):
     assert all(np.array_equal(got[k], expected[k]) for k in expected)
 
     ctx, emb = _inputs(0, 5)
-    np.testing.assert_array_equal(zr.torch_draft_logits(reloaded, ctx, emb),
-                                  zr.torch_draft_logits(drafter, ctx, emb))
+    np.testing.assert_array_equal(zrun.torch_draft_logits(reloaded, ctx, emb),
+                                  zrun.torch_draft_logits(drafter, ctx, emb))
 
 
 def test_bf16_checkpoint(drafter, tmp_path):
@@ -101,22 +103,22 @@ def test_bf16_checkpoint(drafter, tmp_path):
 
 def test_draft_forward_deterministic(drafter):
     ctx, emb = _inputs(1, 7)
-    a = zr.torch_draft_logits(drafter, ctx, emb)
-    b = zr.torch_draft_logits(drafter, ctx, emb)
+    a = zrun.torch_draft_logits(drafter, ctx, emb)
+    b = zrun.torch_draft_logits(drafter, ctx, emb)
     assert a.shape == (1, 8, HIDDEN) and a.dtype == np.float32
     np.testing.assert_array_equal(a, b)
     # explicit positions equal the default layout (context right before the block)
-    c = zr.torch_draft_logits(drafter, ctx, emb, position_ids=np.arange(7 + 8))
+    c = zrun.torch_draft_logits(drafter, ctx, emb, position_ids=np.arange(7 + 8))
     np.testing.assert_array_equal(a, c)
     # RoPE is relative: a uniform shift changes nothing, a gap does
-    np.testing.assert_allclose(a, zr.torch_draft_logits(drafter, ctx, emb, start=20),
+    np.testing.assert_allclose(a, zrun.torch_draft_logits(drafter, ctx, emb, start=20),
                                rtol=1e-4, atol=1e-4)
     gap = np.concatenate([np.arange(7), np.arange(10, 18)])
-    assert not np.allclose(a, zr.torch_draft_logits(drafter, ctx, emb, position_ids=gap))
+    assert not np.allclose(a, zrun.torch_draft_logits(drafter, ctx, emb, position_ids=gap))
     # the block sees all of the context
-    assert not np.allclose(a, zr.torch_draft_logits(drafter, ctx[:, 1:], emb))
+    assert not np.allclose(a, zrun.torch_draft_logits(drafter, ctx[:, 1:], emb))
     lm_head = np.random.default_rng(2).standard_normal((128, HIDDEN)).astype(np.float32)
-    logits = zr.torch_draft_logits(drafter, ctx, emb, lm_head=lm_head)
+    logits = zrun.torch_draft_logits(drafter, ctx, emb, lm_head=lm_head)
     np.testing.assert_allclose(logits, a @ lm_head.T, rtol=1e-4, atol=1e-4)
 
 
@@ -124,18 +126,18 @@ def test_growing_context_matches_full_context(drafter):
     ctx1, emb1 = _inputs(3, 6)
     ctx2, emb2 = _inputs(4, 3)
     ctx3, emb3 = _inputs(5, 1, block=5)
-    session = zr.TorchDraftSession(drafter)
+    session = zrun.TorchDraftSession(drafter)
     outs = []
     for ctx, emb in [(ctx1, emb1), (ctx2, emb2), (ctx3, emb3)]:
         outs.append(session.step(ctx, emb))
         assert session.cache_len == session.start  # block K/V cropped away
     assert session.start == 10
     full = np.concatenate([ctx1, ctx2, ctx3], axis=1)
-    np.testing.assert_allclose(outs[2], zr.torch_draft_logits(drafter, full, emb3),
+    np.testing.assert_allclose(outs[2], zrun.torch_draft_logits(drafter, full, emb3),
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(outs[1], zr.torch_draft_logits(drafter, full[:, :9], emb2),
+    np.testing.assert_allclose(outs[1], zrun.torch_draft_logits(drafter, full[:, :9], emb2),
                                rtol=1e-5, atol=1e-5)
-    again = zr.torch_draft_logits_growing(drafter, [(ctx1, emb1), (ctx2, emb2), (ctx3, emb3)])
+    again = zrun.torch_draft_logits_growing(drafter, [(ctx1, emb1), (ctx2, emb2), (ctx3, emb3)])
     for x, y in zip(outs, again):
         np.testing.assert_array_equal(x, y)
 
@@ -147,7 +149,7 @@ def test_zlab_mlx_drafter_agrees_with_torch(drafter, tmp_path):
     from mlx_lm.models.cache import make_prompt_cache
 
     out = zr.save_zlab_checkpoint(drafter, _config(), tmp_path / "mlx", fmt="sharded")
-    draft = zr.zlab_mlx_load_draft(out)
+    draft = zrun.zlab_mlx_load_draft(out)
     params = dict(tree_flatten(draft.parameters()))
     assert set(params) == set(drafter.state_dict())
 
@@ -159,7 +161,7 @@ def test_zlab_mlx_drafter_agrees_with_torch(drafter, tmp_path):
     cache = make_prompt_cache(draft)
     ctx1, emb1 = _inputs(6, 5)
     ctx2, emb2 = _inputs(7, 2)
-    ref = zr.torch_draft_logits_growing(drafter, [(ctx1, emb1), (ctx2, emb2)])
+    ref = zrun.torch_draft_logits_growing(drafter, [(ctx1, emb1), (ctx2, emb2)])
     for (ctx, emb), want in zip([(ctx1, emb1), (ctx2, emb2)], ref):
         got = draft.hidden_states(mx.array(emb), mx.array(ctx), cache)
         np.testing.assert_allclose(np.array(got), want, rtol=1e-4, atol=1e-4)
@@ -178,7 +180,7 @@ def test_dflash_generate_wrapper_is_lossless(drafter):
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             max_position_embeddings=512)).eval()
     prompt = [1, 2, 3, 4, 5]
-    out = zr.run_dflash_generate(drafter, target, prompt, 20)
+    out = zrun.run_dflash_generate(drafter, target, prompt, 20)
     with torch.no_grad():
         plain = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)
     assert out == plain[0].tolist()

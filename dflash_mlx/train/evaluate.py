@@ -24,7 +24,7 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
     given: tau measures the drafter, not the adaptive policy); returns
     {temp: {source: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}}."""
     from ..speculative import stream_generate
-    from ..stats import histogram
+    from ..stats import histogram, tau
 
     fixed = DecodeOptions(block_size=block_size).fixed(drafter)
     B = fixed.block_size
@@ -38,23 +38,23 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
             options = replace(fixed, temp=temp, seed=seed + i if temp > 0 else None)
             responses = list(stream_generate(model, tokenizer, ids, drafter, options, max_tokens=max_tokens))
             dt = time.perf_counter() - t0
-            s = responses[-1].stats
+            s = responses[-1].stats.to_dict()
             covered = sum(r.token in vocab for r in responses) if vocab is not None else 0
             for key in (p.get("source", "prompts"), "all"):
                 agg = per.setdefault(key, {"accepted_lengths": [], "tokens": 0, "seconds": 0.0, "prompts": 0,
                                            "covered": 0})
-                agg["accepted_lengths"] += list(s.accepted_lengths)
-                agg["tokens"] += s.generated_tokens
+                agg["accepted_lengths"] += s["accepted_lengths"]
+                agg["tokens"] += s["generated_tokens"]
                 agg["seconds"] += dt
                 agg["prompts"] += 1
                 agg["covered"] += covered
             if log:
-                log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('source', '')}: tau {s.mean_acceptance:.2f}")
+                log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('source', '')}: tau {s['tau']:.2f}")
         out = {}
         for key, agg in per.items():
             lengths = agg["accepted_lengths"]
             hist = histogram(lengths, B)
-            out[key] = {"tau": round(sum(lengths) / max(len(lengths), 1), 3), "histogram": hist,
+            out[key] = {"tau": round(tau(sum(lengths), len(lengths)), 3), "histogram": hist,
                         "position_acceptance": position_acceptance(hist),
                         "cycles": len(lengths), "tokens": agg["tokens"], "prompts": agg["prompts"],
                         "tokens_per_s": round(agg["tokens"] / max(agg["seconds"], 1e-9), 2)}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 import numpy as np
 
 if TYPE_CHECKING:
-    from .loop import TrainState
+    from .checkpoint import TrainState
 
 
 class Meter:

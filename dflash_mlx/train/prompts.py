@@ -179,7 +179,7 @@ def chat_prompts(n: int = 800, seed: int = 0) -> list[dict]:
     """General chat requests: poems, explanations, advice, small coding questions."""
     rng = random.Random(seed)
     out, seen = [], set()
-    for i in range(n * 4):
+    for _ in range(n * 4):
         if len(out) >= n:
             break
         s1, s2 = rng.sample(_SUBJECTS, 2)

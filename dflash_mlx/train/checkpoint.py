@@ -1,0 +1,108 @@
+"""What a training run is asked to do (`TrainArgs`), where it stands (`TrainState`), and
+the checkpoint that records both beside the drafter (`save_checkpoint`), so that
+`--resume` continues exactly where a run left off."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+import mlx.core as mx
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+
+from ..atomic import atomic_directory
+from ..drafter import Drafter
+from ..drafter2 import DFLASH2_FIELDS
+from ..drafters import drafter_files, write_drafter_files
+
+
+@dataclass
+class TrainArgs:
+    data: str
+    out: str
+    model: Optional[str] = None
+    num_layers: int = 5
+    target_layer_ids: Optional[list[int]] = None
+    block_size: int = 16
+    mask_token_id: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    gamma: Optional[float] = None
+    init: str = "warm"  # "warm": copy target layers; "cold": random + data-dependent fc
+    init_from: Optional[str] = None  # start from this trained drafter's weights instead (shape: its)
+    arch: str = "dflash1"  # or "dflash2": dynamic causal convolutions and the candidate selector
+    conv_kernel_size: int = 2  # DFlash2 fields (z-lab's Qwen3.8-27B drafter: 2, 16, 256, 16)
+    conv_group_size: int = 16
+    selector_rank: int = 32
+    selector_top_k: int = 8
+    selector_weight: float = 1.0  # weight of the selector's loss term
+    distill: float = 0.5  # weight of the distillation term (0: hard labels only)
+    top_k: int = 8  # teacher tokens kept per position
+    features: Optional[str] = None  # feature cache directory (default: beside the data)
+    batch_size: int = 4  # sequences per step (over all ranks)
+    num_anchors: int = 32  # blocks per sequence
+    max_len: int = 1024
+    epochs: float = 1.0
+    max_steps: Optional[int] = None
+    time_limit: Optional[float] = None  # seconds; the schedule is planned for max_steps
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    adam_beta2: float = 0.95  # 0.999 lets the huge first gradients freeze later steps
+    grad_clip: float = 1.0
+    loss_vocab: str = "full"  # "full", or "sampled": the batch's labels + teacher tokens + negatives
+    negatives: int = 2048  # with loss_vocab "sampled": other tokens drawn afresh each step
+    checkpoint_every: int = 200  # steps
+    checkpoint_minutes: float = 5.0
+    eval_minutes: float = 0.0  # held-out greedy tau every this many minutes (0: never)
+    eval_prompts: int = 8
+    eval_tokens: int = 64
+    seed: int = 0
+    resume: bool = False
+    log_every: int = 10
+    progress: bool = True
+
+    def dflash2_fields(self) -> Optional[dict]:
+        """The DFlash2 config fields under --arch dflash2, None under dflash1."""
+        if self.arch not in ("dflash1", "dflash2"):
+            raise ValueError(f"--arch must be 'dflash1' or 'dflash2', got {self.arch!r}")
+        return {k: getattr(self, k) for k in DFLASH2_FIELDS} if self.arch == "dflash2" else None
+
+
+@dataclass
+class TrainState:
+    """Where a run is; saved with every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    pos: int = 0  # sequences of this epoch already used
+    epoch_size: int = 0
+    seen: int = 0  # sequences
+    positions: int = 0  # labelled block positions trained on
+    elapsed: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainState":
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def save_checkpoint(
+    out: Path, drafter: Drafter, optimizer: optim.Optimizer, state: TrainState, args: TrainArgs
+) -> None:
+    """`out` stays a loadable drafter; `out/checkpoint` (also a drafter) adds the optimiser
+    and the state. The checkpoint directory is replaced whole, so a crash mid-write leaves
+    the previous one."""
+    with atomic_directory(out / "checkpoint", overwrite=True) as tmp:
+        write_drafter_files(tmp, *drafter_files(drafter))
+        # not *.safetensors: the checkpoint directory itself stays a loadable drafter
+        mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(optimizer.state)))
+        (tmp / "state.json").write_text(json.dumps({**asdict(state), "args": asdict(args)}, indent=2) + "\n")
+    ck = out / "checkpoint"
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(ck / name, out / f".{name}.tmp")
+        os.replace(out / f".{name}.tmp", out / name)
