@@ -21,8 +21,22 @@ from .sampling import SamplingParams  # noqa: E402
 from .stats import GenerationStats, histogram  # noqa: E402
 
 __all__ = [
-    "BlockSizePolicy", "DecodeOptions", "Drafter", "Drafter2", "Drafter2Config", "DrafterConfig", "GenerationResponse",
+    "BlockSizePolicy",
+    "DecodeOptions",
+    "Drafter",
+    "Drafter2",
+    "Drafter2Config",
+    "DrafterConfig",
+    "GenerationResponse",
     "OptionError",
-    "GenerationStats", "PromptCache", "SamplingParams", "generate", "generate_step", "histogram", "load",
-    "load_draft", "make_prompt_cache", "stream_generate",
+    "GenerationStats",
+    "PromptCache",
+    "SamplingParams",
+    "generate",
+    "generate_step",
+    "histogram",
+    "load",
+    "load_draft",
+    "make_prompt_cache",
+    "stream_generate",
 ]

@@ -85,9 +85,11 @@ def generate_step(
     options = DecodeOptions.of(options, **changes)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
+    limit = options.block_limit(draft_model)
+    cycles, policy = _setup(model, draft_model, options, prompt_cache, policy, limit)
     stats = stats if stats is not None else GenerationStats()
-    cycles, policy = _setup(model, draft_model, options, prompt_cache, policy, stats)
-    sizes = _Sizes(policy, stats.block_size, draft_model is not None, max_tokens)
+    stats.block_size, stats.adaptive = limit, policy is not None
+    sizes = _Sizes(policy, limit, draft_model is not None, max_tokens)
     clock = _Clock(stats, policy)
     if options.seed is not None:
         mx.random.seed(options.seed)
@@ -118,12 +120,11 @@ def _setup(
     options: DecodeOptions,
     cache: Optional[PromptCache],
     policy: Optional[BlockSizePolicy],
-    stats: GenerationStats,
+    limit: int,
 ) -> tuple[Cycles, Optional[BlockSizePolicy]]:
-    """The target adapter, the cache and the block-size policy of one generation, checked
-    against each other; `stats` learns the block limit. Returns the cycles and the policy
-    (None for a fixed block size)."""
-    stats.block_size = options.block_limit(draft_model)
+    """The target adapter, the cache and the block-size policy (at most `limit`) of one
+    generation, checked against each other. Returns the cycles and the policy (None for
+    a fixed block size)."""
     target = make_target(model, draft_model.config.target_layer_ids if draft_model else ())
     target.use_kernels(options.use_kernels)
     if draft_model is not None:
@@ -136,10 +137,9 @@ def _setup(
     cache = cache if cache is not None else PromptCache(model, draft_model)
     cache.use_drafter(draft_model)
     if options.adaptive(draft_model):
-        policy = cache.policy = policy or cache.policy or BlockSizePolicy(stats.block_size)
+        policy = cache.policy = policy or cache.policy or BlockSizePolicy(limit)
     else:
         policy = None
-    stats.adaptive = policy is not None
     full_blocks = policy is not None
     return Cycles(target, draft_model, cache, options.sampling, options.profile, full_blocks), policy
 

@@ -33,10 +33,20 @@ MASK = 49151
 def drafter_config(num_layers: int = 2, hidden: int = HIDDEN, ids=IDS, **extra) -> dict:
     """A small z-lab-layout config.json dict (9 heads of 64, 3 KV heads, MLP 512)."""
     return zr.zlab_config(
-        hidden_size=hidden, num_layers=num_layers, num_heads=9, num_kv_heads=3, head_dim=64,
-        intermediate_size=512, vocab_size=extra.pop("vocab_size", VOCAB), block_size=8,
-        num_target_layers=extra.pop("num_target_layers", N_TARGET), target_layer_ids=ids,
-        mask_token_id=MASK, rope_theta=100000.0, **extra)
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=512,
+        vocab_size=extra.pop("vocab_size", VOCAB),
+        block_size=8,
+        num_target_layers=extra.pop("num_target_layers", N_TARGET),
+        target_layer_ids=ids,
+        mask_token_id=MASK,
+        rope_theta=100000.0,
+        **extra,
+    )
 
 
 #: DFlash2 fields of the test drafters (groups of 64 channels, selector rank 16, top 8).
@@ -60,14 +70,21 @@ def zlab_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     shapes = {"fc.weight": (h, len(ids) * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
     for i in range(config["num_hidden_layers"]):
         p = f"layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-        })
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (hd,),
+                p + "self_attn.k_norm.weight": (hd,),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
     d2 = config.get("dflash_config") or {}
     if "DFlash2DraftModel" in config.get("architectures", []):
         k, groups, rank = d2["conv_kernel_size"], h // d2["conv_group_size"], d2["selector_rank"]
@@ -81,8 +98,15 @@ def zlab_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_numpy_checkpoint(out: Path, config: dict, *, seed: int = 0, drop: Iterable[str] = (),
-                           extra: Optional[dict] = None, shapes: Optional[dict] = None) -> Path:
+def write_numpy_checkpoint(
+    out: Path,
+    config: dict,
+    *,
+    seed: int = 0,
+    drop: Iterable[str] = (),
+    extra: Optional[dict] = None,
+    shapes: Optional[dict] = None,
+) -> Path:
     """A z-lab-layout safetensors directory with random float16 weights, without torch."""
     from safetensors.numpy import save_file
 
@@ -102,8 +126,9 @@ def write_numpy_checkpoint(out: Path, config: dict, *, seed: int = 0, drop: Iter
     return out
 
 
-def add_to_hub_cache(cache: Path, repo_id: str, files_dir: Path, tags: Iterable[str] = ("main",),
-                     commit: Optional[str] = None) -> str:
+def add_to_hub_cache(
+    cache: Path, repo_id: str, files_dir: Path, tags: Iterable[str] = ("main",), commit: Optional[str] = None
+) -> str:
     """Put `files_dir` into a Hugging Face hub cache exactly as `huggingface_hub` lays it
     out (blobs + relative symlinks in snapshots/<commit> + refs/<tag>). Returns the commit."""
     storage = Path(cache) / ("models--" + repo_id.replace("/", "--"))
@@ -170,8 +195,9 @@ def assert_ok(result) -> None:
     assert result.exit_code == 0, (result.output, result.exception)
 
 
-def block_inputs(seed: int = 0, n_ctx: int = 11, block: int = 8, n_ids: int = len(IDS),
-                 hidden: int = HIDDEN, vocab: int = 1000):
+def block_inputs(
+    seed: int = 0, n_ctx: int = 11, block: int = 8, n_ids: int = len(IDS), hidden: int = HIDDEN, vocab: int = 1000
+):
     """Random context features (1, n_ctx, n_ids * hidden), block embeddings (1, B, hidden)
     and an lm_head weight (vocab, hidden)."""
     rng = np.random.default_rng(seed)

@@ -44,8 +44,16 @@ class FakeBackend:
         gate: if given, every token after the first `free_tokens` waits for it to be set.
     """
 
-    def __init__(self, replies=("Hello| there!",), *, load_error=None, draft_error=None,
-                 generate_error=None, gate=None, free_tokens=1):
+    def __init__(
+        self,
+        replies=("Hello| there!",),
+        *,
+        load_error=None,
+        draft_error=None,
+        generate_error=None,
+        gate=None,
+        free_tokens=1,
+    ):
         self.replies = list(replies)
         self.load_error = load_error
         self.draft_error = draft_error
@@ -78,8 +86,19 @@ class FakeBackend:
         self.caches.append(cache)
         return cache
 
-    def stream_generate(self, model, tokenizer, prompt, draft_model=None, options=None, *, max_tokens=256,
-                        stop=(), prompt_cache=None, prompt_progress_callback=None):
+    def stream_generate(
+        self,
+        model,
+        tokenizer,
+        prompt,
+        draft_model=None,
+        options=None,
+        *,
+        max_tokens=256,
+        stop=(),
+        prompt_cache=None,
+        prompt_progress_callback=None,
+    ):
         self._touch()
         options = options or DecodeOptions()
         block_size = options.block_size
@@ -89,9 +108,19 @@ class FakeBackend:
                 break
             common += 1
         prefilled = len(prompt) - common
-        self.calls.append(dict(prompt=prompt, draft_model=draft_model, max_tokens=max_tokens,
-                               temp=options.temp, top_p=options.top_p, block_size=block_size, kernels=options.kernels,
-                               prompt_cache=prompt_cache, prefilled=prefilled))
+        self.calls.append(
+            dict(
+                prompt=prompt,
+                draft_model=draft_model,
+                max_tokens=max_tokens,
+                temp=options.temp,
+                top_p=options.top_p,
+                block_size=block_size,
+                kernels=options.kernels,
+                prompt_cache=prompt_cache,
+                prefilled=prefilled,
+            )
+        )
         del prompt_cache.tokens[common:]
         if prompt_progress_callback:
             prompt_progress_callback(0, prefilled)
@@ -100,8 +129,7 @@ class FakeBackend:
         if self.generate_error:
             raise self.generate_error
         script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-        stats = GenerationStats(block_size=block_size or 8, prompt_cached=common,
-                                prompt_time=prefilled / 412.0)
+        stats = GenerationStats(block_size=block_size or 8, prompt_cached=common, prompt_time=prefilled / 412.0)
         blocks = blocks_of(script) if draft_model is not None else [[t] for b in blocks_of(script) for t in b]
         n = 0
         for b, block in enumerate(blocks):
@@ -121,11 +149,17 @@ class FakeBackend:
                 last = b == len(blocks) - 1 and i == len(block) - 1
                 finish = "stop" if last else "length" if n >= max_tokens else None
                 yield GenerationResponse(
-                    text=piece, token=1000 + n, logprobs=None,
+                    text=piece,
+                    token=1000 + n,
+                    logprobs=None,
                     from_draft=draft_model is not None and i < len(block) - 1,
-                    prompt_tokens=len(prompt), prompt_tps=412.0 if prefilled else 0.0, generation_tokens=n,
-                    generation_tps=84.2, peak_memory=0.61,
-                    finish_reason=finish, stats=stats,
+                    prompt_tokens=len(prompt),
+                    prompt_tps=412.0 if prefilled else 0.0,
+                    generation_tokens=n,
+                    generation_tps=84.2,
+                    peak_memory=0.61,
+                    finish_reason=finish,
+                    stats=stats,
                 )
                 if n >= max_tokens:
                     return

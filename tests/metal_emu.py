@@ -133,12 +133,20 @@ class MetalKernel:
     @classmethod
     def of(cls, kernel: Any, **kwargs: Any) -> "MetalKernel":
         """From a `dflash_mlx.kernels.KernelSource`."""
-        return cls(kernel.name, kernel.input_names, kernel.output_names, kernel.source, kernel.header,
-                   kernel.ensure_row_contiguous, **kwargs)
+        return cls(
+            kernel.name,
+            kernel.input_names,
+            kernel.output_names,
+            kernel.source,
+            kernel.header,
+            kernel.ensure_row_contiguous,
+            **kwargs,
+        )
 
     def args(self, inputs: Sequence[mx.array], template: Sequence[tuple[str, Any]], output_dtypes) -> _Args:
-        return _Args(tuple((n, v) for n, v in template), tuple((_dtype(a), _kind(a)) for a in inputs),
-                     tuple(output_dtypes))
+        return _Args(
+            tuple((n, v) for n, v in template), tuple((_dtype(a), _kind(a)) for a in inputs), tuple(output_dtypes)
+        )
 
     def function_name(self, a: _Args) -> str:
         """MLX's kernel name: custom_kernel_<name>[_<template>]_<input dtypes>_<output dtypes>."""
@@ -156,16 +164,21 @@ class MetalKernel:
         """The kernel as MLX writes it (without MLX's Metal prelude)."""
         name, lines = self.function_name(a), []
         if a.template:
-            kinds = ["typename" if isinstance(v, mx.Dtype) else "bool" if isinstance(v, bool) else "int"
-                     for _, v in a.template]
+            kinds = [
+                "typename" if isinstance(v, mx.Dtype) else "bool" if isinstance(v, bool) else "int"
+                for _, v in a.template
+            ]
             lines.append("template <" + ", ".join(f"{k} {n}" for k, (n, _) in zip(kinds, a.template)) + ">")
         params, index = [], 0
         for (dtype, kind), n, (shape, strides, nd) in zip(a.inputs, self.input_names, self.shape_infos):
             where = "device" if kind == "" else "constant"
             params.append(f"  const {where} {TYPES[dtype][0]}{'&' if kind == 's' else '*'} {n} [[buffer({index})]]")
             index += 1
-            extras = [(shape, f"const constant int* {n}_shape"), (strides, f"const constant int64_t* {n}_strides"),
-                      (nd, f"const constant int& {n}_ndim")]
+            extras = [
+                (shape, f"const constant int* {n}_shape"),
+                (strides, f"const constant int64_t* {n}_strides"),
+                (nd, f"const constant int& {n}_ndim"),
+            ]
             for wanted, decl in extras if kind != "s" else []:
                 if wanted:
                     params.append(f"  {decl} [[buffer({index})]]")
@@ -199,8 +212,19 @@ class MetalKernel:
         spec = self.function_name(a) + (self._template_def(a) if a.template else "")
         return f"{self.namespace}::{spec}({', '.join(args)})"
 
-    def __call__(self, *, inputs, template=(), grid, threadgroup, output_shapes, output_dtypes, init_value=None,
-                 seed: int = 0, verbose: bool = False) -> list[mx.array]:
+    def __call__(
+        self,
+        *,
+        inputs,
+        template=(),
+        grid,
+        threadgroup,
+        output_shapes,
+        output_dtypes,
+        init_value=None,
+        seed: int = 0,
+        verbose: bool = False,
+    ) -> list[mx.array]:
         a = self.args(inputs, template, output_dtypes)
         buffers = []  # numpy arrays the kernel reads and writes, in signature order
         for x, (shape, strides, nd) in zip(inputs, self.shape_infos):
@@ -209,9 +233,11 @@ class MetalKernel:
             buffers.append(host)
             if x.ndim > 0:
                 item = host.itemsize
-                for wanted, arr in ((shape, np.array(host.shape, np.int32)),
-                                    (strides, np.array([s // item for s in host.strides], np.int64)),
-                                    (nd, np.array(host.ndim, np.int32))):
+                for wanted, arr in (
+                    (shape, np.array(host.shape, np.int32)),
+                    (strides, np.array([s // item for s in host.strides], np.int64)),
+                    (nd, np.array(host.ndim, np.int32)),
+                ):
                     if wanted:
                         buffers.append(arr)
         outs = []
@@ -264,7 +290,7 @@ class Emulator:
         for k, a in todo:
             by_kernel.setdefault(k.namespace, [k]).append(a)
         for ns, (k, *insts) in by_kernel.items():
-            body = k.header + "".join(k.kernel_source(a)[len(k.header):] for a in insts)
+            body = k.header + "".join(k.kernel_source(a)[len(k.header) :] for a in insts)
             parts.append(f"namespace {ns} {{\n{body}\n}}  // namespace {ns}\n")
         for i, (k, a) in enumerate(todo):
             parts.append(LAUNCHER.format(i=i, call=k.call_expression(a)))

@@ -99,8 +99,9 @@ async def test_stats_update_while_generating():
     async with app.run_test() as pilot:
         await until(pilot, lambda: app.state == "ready")
         await say(pilot, "add 2 and 2")
-        await until(pilot, lambda: backend.waiting.is_set() and app.last is not None
-                    and app.last.generation_tokens == 3)
+        await until(
+            pilot, lambda: backend.waiting.is_set() and app.last is not None and app.last.generation_tokens == 3
+        )
         await pilot.pause(0.05)
         live = stats_text(app)
         assert "generating" in live and "84.2 tok/s" in live and "τ" in live
@@ -170,7 +171,7 @@ async def test_multi_turn_prefills_only_the_new_message():
         assert first["prompt_cache"] is second["prompt_cache"]
         assert first["prefilled"] == len(first["prompt"])
         assert second["prefilled"] < len(second["prompt"]) - len(first["prompt"]) + 20
-        assert backend.calls[0]["prompt"][:len("<system>")] == [ord(c) for c in "<system>"]
+        assert backend.calls[0]["prompt"][: len("<system>")] == [ord(c) for c in "<system>"]
         first_summary, second_summary = notes(app, "summary")
         assert "reused" not in first_summary
         reused = len(second["prompt"]) - second["prefilled"]
@@ -216,9 +217,7 @@ async def test_model_not_found_shows_message_and_app_stays_usable():
 
 @run_async
 async def test_drafter_misfit_falls_back_to_target_only():
-    backend = FakeBackend(
-        [REPLY], draft_error=ValueError("drafter hidden size 1024 does not match the target's 576")
-    )
+    backend = FakeBackend([REPLY], draft_error=ValueError("drafter hidden size 1024 does not match the target's 576"))
     app = make_app(backend)
     async with app.run_test() as pilot:
         await answered(pilot, "hi")
@@ -307,8 +306,24 @@ async def test_quit_keys_exit_and_stop_the_worker(key):
 
 
 def test_cli_flags():
-    app = app_from_args(["--model", "m", "--draft", "d", "--temp", "0.5", "--top-p", "0.9",
-                         "--block-size", "8", "--max-tokens", "64", "--system", "hi"])
+    app = app_from_args(
+        [
+            "--model",
+            "m",
+            "--draft",
+            "d",
+            "--temp",
+            "0.5",
+            "--top-p",
+            "0.9",
+            "--block-size",
+            "8",
+            "--max-tokens",
+            "64",
+            "--system",
+            "hi",
+        ]
+    )
     assert (app.model_path, app.draft_path, app.system) == ("m", "d", "hi")
     assert app.settings == Settings(DecodeOptions(temp=0.5, top_p=0.9, block_size=8), max_tokens=64)
     default = app_from_args([])
@@ -318,8 +333,15 @@ def test_cli_flags():
     assert app_from_args(["--no-kernels"]).settings == Settings(DecodeOptions(kernels=False))
 
 
-@pytest.mark.parametrize("flags,words", [(["--top-p", "2"], ["--top-p", "2"]), (["--top-k", "-3"], ["--top-k"]),
-                                         (["--block-size", "1"], ["--block-size"]), (["--temp", "-1"], ["--temp"])])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--top-p", "2"], ["--top-p", "2"]),
+        (["--top-k", "-3"], ["--top-k"]),
+        (["--block-size", "1"], ["--block-size"]),
+        (["--temp", "-1"], ["--temp"]),
+    ],
+)
 def test_cli_bad_options_exit_with_one_line(flags, words):
     from app.chat import main
 
@@ -342,9 +364,11 @@ async def test_no_kernels_reaches_the_generator():
 
 
 def test_snapshot_main_screen(snap_compare):
-    backend = FakeBackend([
-        "DFlash drafts a whole| block of tokens in one| pass; the target **verifies**| them at once.",
-    ])
+    backend = FakeBackend(
+        [
+            "DFlash drafts a whole| block of tokens in one| pass; the target **verifies**| them at once.",
+        ]
+    )
     app = make_app(backend, system="Be brief.")
 
     async def run_before(pilot):
@@ -356,10 +380,13 @@ def test_snapshot_main_screen(snap_compare):
 
 
 def test_snapshot_multi_turn_coloured(snap_compare):
-    backend = FakeBackend([
-        "Speculative decoding| lets a small| model guess| ahead.",
-        "Because the target checks a| whole block in one| forward pass,| and accepted| guesses cost almost nothing.",
-    ])
+    backend = FakeBackend(
+        [
+            "Speculative decoding| lets a small| model guess| ahead.",
+            "Because the target checks a| whole block in one| forward pass,|"
+            " and accepted| guesses cost almost nothing.",
+        ]
+    )
     app = make_app(backend)
 
     async def run_before(pilot):

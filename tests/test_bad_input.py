@@ -42,11 +42,13 @@ def make_drafter(config: DrafterConfig) -> Drafter:
 
 # (case id, config overrides, words the message must contain)
 MISFITS = [
-    ("hidden size", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-     ["hidden_size", "64", "576"]),
+    (
+        "hidden size",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        ["hidden_size", "64", "576"],
+    ),
     ("vocab size", dict(vocab_size=32000), ["vocab_size", "32000", "49152"]),
-    ("num target layers", dict(num_target_layers=24, target_layer_ids=[3, 20]),
-     ["num_target_layers", "24", "30"]),
+    ("num target layers", dict(num_target_layers=24, target_layer_ids=[3, 20]), ["num_target_layers", "24", "30"]),
     ("layer id too large", dict(target_layer_ids=[3, 30]), ["target_layer_ids", "30"]),
     ("negative layer id", dict(target_layer_ids=[-1, 27]), ["target_layer_ids", "-1"]),
     ("mask id past the vocabulary", dict(mask_token_id=49152), ["mask_token_id", "49152"]),
@@ -102,6 +104,7 @@ def test_a_fitting_drafter_is_accepted(default_model, tmp_path):
 # Generation arguments
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def good_drafter():
     return make_drafter(smol_config())
@@ -151,10 +154,18 @@ def test_negative_temperature(default_model, good_drafter):
 # Unsupported model families
 # ---------------------------------------------------------------------------
 
+
 def tiny_model(family: str):
     """A 2-layer mlx-lm model of another family (hidden 64, vocab 256), random weights."""
-    common = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-                  num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=256)
+    common = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=256,
+    )
     if family == "gemma":
         from mlx_lm.models import gemma as module
 
@@ -170,9 +181,19 @@ def tiny_model(family: str):
 
 def tiny_drafter_config() -> DrafterConfig:
     """A drafter that would fit the tiny models by shape."""
-    return DrafterConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, intermediate_size=64, vocab_size=256, num_target_layers=2,
-                         target_layer_ids=[0], mask_token_id=255, block_size=4)
+    return DrafterConfig(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=256,
+        num_target_layers=2,
+        target_layer_ids=[0],
+        mask_token_id=255,
+        block_size=4,
+    )
 
 
 @pytest.mark.parametrize("family", ["gemma", "phi3"])
@@ -200,6 +221,7 @@ def test_unsupported_family(default_model, tmp_path, family):
 # ---------------------------------------------------------------------------
 # Broken drafter directories
 # ---------------------------------------------------------------------------
+
 
 def test_broken_drafter_directories(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
@@ -242,15 +264,18 @@ def test_broken_drafter_directories(tmp_path):
 # The command line
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def bad_drafter_paths(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     (root / "no-config").mkdir()
     misfit = root / "misfit"
     save_drafter(make_drafter(smol_config(vocab_size=32000)), misfit)
-    return {"missing": (root / "missing", "drafter not found"),
-            "no config.json": (root / "no-config", "config.json"),
-            "misfit": (misfit, "vocab_size")}
+    return {
+        "missing": (root / "missing", "drafter not found"),
+        "no config.json": (root / "no-config", "config.json"),
+        "misfit": (misfit, "vocab_size"),
+    }
 
 
 def _assert_clean_failure(exit_code: int, stderr: str, words) -> None:
@@ -270,8 +295,10 @@ def test_cli_generate_bad_drafter(default_model_dir, bad_drafter_paths, case):
     from app.cli import app
 
     path, word = bad_drafter_paths[case]
-    result = CliRunner().invoke(app, ["generate", "--prompt", "Hello", "--model", str(default_model_dir),
-                                      "--draft", str(path), "--max-tokens", "4"])
+    result = CliRunner().invoke(
+        app,
+        ["generate", "--prompt", "Hello", "--model", str(default_model_dir), "--draft", str(path), "--max-tokens", "4"],
+    )
     assert isinstance(result.exception, SystemExit), result.exception
     _assert_clean_failure(result.exit_code, result.stderr, [word])
     assert result.stdout == ""
@@ -281,9 +308,22 @@ def test_cli_process_bad_drafter(default_model_dir, bad_drafter_paths):
     """The real process: exit status 1, one line on stderr, nothing on stdout."""
     path, word = bad_drafter_paths["missing"]
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", "--prompt", "Hello",
-         "--model", str(default_model_dir), "--draft", str(path)],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "generate",
+            "--prompt",
+            "Hello",
+            "--model",
+            str(default_model_dir),
+            "--draft",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     _assert_clean_failure(proc.returncode, proc.stderr, [word, str(path)])
     assert proc.stdout == ""
 
@@ -306,14 +346,16 @@ def test_cli_generate_bad_options(default_model_dir, flags, words):
 
     from app.cli import app
 
-    result = CliRunner().invoke(app, ["generate", "--prompt", "Hello", "--model", str(default_model_dir),
-                                      "--max-tokens", "4", *flags])
+    result = CliRunner().invoke(
+        app, ["generate", "--prompt", "Hello", "--model", str(default_model_dir), "--max-tokens", "4", *flags]
+    )
     _assert_clean_failure(result.exit_code, result.stderr, words)
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("options,field", [(dict(top_p=2.0), "top_p"), (dict(top_k=-3), "top_k"),
-                                           (dict(block_size=999), "block_size")])
+@pytest.mark.parametrize(
+    "options,field", [(dict(top_p=2.0), "top_p"), (dict(top_k=-3), "top_k"), (dict(block_size=999), "block_size")]
+)
 def test_api_bad_options(default_model, good_drafter, options, field):
     """The Python API checks the same `DecodeOptions` rules, one line naming the field."""
     model, tokenizer = default_model

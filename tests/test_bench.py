@@ -24,12 +24,32 @@ def test_bench_cli_writes_json(default_model_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Say hi.\n")
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(app, ["bench", "--model", str(default_model_dir), "--draft", "random",
-                                      "--prompts", str(prompts), "-m", "6", "--no-reference", "--json", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--model",
+            str(default_model_dir),
+            "--draft",
+            "random",
+            "--prompts",
+            str(prompts),
+            "-m",
+            "6",
+            "--no-reference",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert [r["method"] for r in report["results"]] == ["mlx-lm", "dflash-mlx (ours)", "dflash-mlx B=4",
-                                                        "dflash-mlx B=8", "dflash-mlx B=16"]
+    assert [r["method"] for r in report["results"]] == [
+        "mlx-lm",
+        "dflash-mlx (ours)",
+        "dflash-mlx B=4",
+        "dflash-mlx B=8",
+        "dflash-mlx B=16",
+    ]
     assert sum(report["results"][1]["block_sizes"]) == report["results"][1]["tokens"]  # adaptive: one cycle a token
     assert "| dflash-mlx (ours) |" in result.output
 
@@ -37,8 +57,9 @@ def test_bench_cli_writes_json(default_model_dir, tmp_path):
 def test_bench_compares_draft_vocabularies(default_model_dir, tmp_path):
     vocab = tmp_path / "v.json"
     vocab.write_text(json.dumps({"ids": list(range(300)), "eos_token_ids": [2]}))
-    report = run_bench(str(default_model_dir), "random", ["Name a colour."], max_tokens=8, reference=False,
-                       draft_vocab=f"none,{vocab}")
+    report = run_bench(
+        str(default_model_dir), "random", ["Name a colour."], max_tokens=8, reference=False, draft_vocab=f"none,{vocab}"
+    )
     rows = {r["method"]: r for r in report["results"]}
     assert list(rows) == ["mlx-lm", "dflash-mlx (ours)", "dflash-mlx vocab 300"]
     assert all(r["same_tokens_as_mlx_lm"] for r in rows.values())

@@ -29,8 +29,9 @@ def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):
     assert {1, 3, BLOCK} <= set(last.stats.block_sizes)
     cache.flush()  # features of the last plain steps wait for the next draft
     assert cache.draft_length == len(cache.tokens)
-    _, features = make_target(model, drafter.config.target_layer_ids).forward(mx.array(cache.tokens)[None],
-                                                                      make_target_cache(model))
+    _, features = make_target(model, drafter.config.target_layer_ids).forward(
+        mx.array(cache.tokens)[None], make_target_cache(model)
+    )
     fresh = drafter.make_cache()
     drafter.append_context(features, fresh)
     for got, want in zip(cache.draft, fresh):
@@ -51,14 +52,25 @@ def test_multi_turn_cache_reuse_is_lossless(default_model, block_size):
     cache = make_prompt_cache(model, drafter)
     messages = [{"role": "user", "content": PROMPTS[2]}]
     first = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    reply = "".join(r.text for r in stream_generate(model, tokenizer, first, drafter, max_tokens=24, prompt_cache=cache,
-                                                    block_size=block_size))
+    reply = "".join(
+        r.text
+        for r in stream_generate(
+            model, tokenizer, first, drafter, max_tokens=24, prompt_cache=cache, block_size=block_size
+        )
+    )
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": PROMPTS[3]}]
     second = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     progress = []
-    reused, responses = ours(model, tokenizer, second, drafter, max_tokens=32, prompt_cache=cache,
-                             block_size=block_size,
-                             prompt_progress_callback=lambda done, total: progress.append((done, total)))
+    reused, responses = ours(
+        model,
+        tokenizer,
+        second,
+        drafter,
+        max_tokens=32,
+        prompt_cache=cache,
+        block_size=block_size,
+        prompt_progress_callback=lambda done, total: progress.append((done, total)),
+    )
     fresh = [r.token for r in mlx_lm.stream_generate(model, tokenizer, second, max_tokens=32)]
     assert reused == fresh
     assert progress == [(len(second), len(second))]
@@ -66,7 +78,9 @@ def test_multi_turn_cache_reuse_is_lossless(default_model, block_size):
     assert cache.tokens[: len(first)] == first
     # Toggling to target-only and back stays lossless on the same cache.
     third = second + [tokenizer.encode(" ok")[0]]
-    assert ours(model, tokenizer, third, None, max_tokens=8, prompt_cache=cache)[0] == \
-        [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]
-    assert ours(model, tokenizer, third, drafter, max_tokens=8, prompt_cache=cache, block_size=block_size)[0] == \
-        [r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)]
+    assert ours(model, tokenizer, third, None, max_tokens=8, prompt_cache=cache)[0] == [
+        r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)
+    ]
+    assert ours(model, tokenizer, third, drafter, max_tokens=8, prompt_cache=cache, block_size=block_size)[0] == [
+        r.token for r in mlx_lm.stream_generate(model, tokenizer, third, max_tokens=8)
+    ]

@@ -15,13 +15,39 @@ import numpy as np
 import pytest
 
 try:
-    from convert_helpers import (HIDDEN, IDS, add_to_hub_cache, assert_fails, assert_ok,
-                                 block_inputs, cli, drafter_config, leftovers, mlx_logits,
-                                 offline_hub, write_numpy_checkpoint, zr, zrun)
+    from convert_helpers import (
+        HIDDEN,
+        IDS,
+        add_to_hub_cache,
+        assert_fails,
+        assert_ok,
+        block_inputs,
+        cli,
+        drafter_config,
+        leftovers,
+        mlx_logits,
+        offline_hub,
+        write_numpy_checkpoint,
+        zr,
+        zrun,
+    )
 except ImportError:  # tests/ imported as a package
-    from tests.convert_helpers import (HIDDEN, IDS, add_to_hub_cache, assert_fails, assert_ok,
-                                       block_inputs, cli, drafter_config, leftovers, mlx_logits,
-                                       offline_hub, write_numpy_checkpoint, zr, zrun)
+    from tests.convert_helpers import (
+        HIDDEN,
+        IDS,
+        add_to_hub_cache,
+        assert_fails,
+        assert_ok,
+        block_inputs,
+        cli,
+        drafter_config,
+        leftovers,
+        mlx_logits,
+        offline_hub,
+        write_numpy_checkpoint,
+        zr,
+        zrun,
+    )
 
 __all__ = ["offline_hub"]  # the fixture, imported for pytest
 
@@ -51,12 +77,16 @@ def _st_dtypes(path: Path) -> set[str]:
 
 
 @needs_zlab
-@pytest.mark.parametrize("fmt,dtype", [("safetensors", "float32"), ("sharded", "float32"),
-                                       ("bin", "bfloat16")])
-def test_convert_from_offline_hub_matches_zlab(fmt, dtype, config, torch_drafter, inputs,
-                                               offline_hub, tmp_path):
-    src = zr.save_zlab_checkpoint(torch_drafter, config, tmp_path / "src", fmt=fmt, dtype=dtype,
-                                  extra_tensors={"embed_tokens.weight": np.zeros((16, HIDDEN))})
+@pytest.mark.parametrize("fmt,dtype", [("safetensors", "float32"), ("sharded", "float32"), ("bin", "bfloat16")])
+def test_convert_from_offline_hub_matches_zlab(fmt, dtype, config, torch_drafter, inputs, offline_hub, tmp_path):
+    src = zr.save_zlab_checkpoint(
+        torch_drafter,
+        config,
+        tmp_path / "src",
+        fmt=fmt,
+        dtype=dtype,
+        extra_tensors={"embed_tokens.weight": np.zeros((16, HIDDEN))},
+    )
     repo = f"z-lab/tiny-dflash-{fmt}"
     commit = add_to_hub_cache(offline_hub, repo, src)
     out = tmp_path / "out"
@@ -100,10 +130,19 @@ def test_revision_and_offline_cache_miss(config, offline_hub, tmp_path):
     assert_ok(cli("convert", "z-lab/tagged", out, "--revision", "v1", "--dtype", "float16"))
     card = (out / "README.md").read_text()
     assert "v1 (commit " + commit in card and "--revision v1" in card
-    assert_fails(cli("convert", "z-lab/tagged", tmp_path / "o2", "--revision", "v2"),
-                 tmp_path / "o2", "z-lab/tagged", "revision v2", "cache")
-    assert_fails(cli("convert", "z-lab/not-cached", tmp_path / "o3"), tmp_path / "o3",
-                 "z-lab/not-cached", "not in the Hugging Face cache")
+    assert_fails(
+        cli("convert", "z-lab/tagged", tmp_path / "o2", "--revision", "v2"),
+        tmp_path / "o2",
+        "z-lab/tagged",
+        "revision v2",
+        "cache",
+    )
+    assert_fails(
+        cli("convert", "z-lab/not-cached", tmp_path / "o3"),
+        tmp_path / "o3",
+        "z-lab/not-cached",
+        "not in the Hugging Face cache",
+    )
 
 
 def test_hub_offline_subprocess(config, tmp_path):
@@ -112,11 +151,26 @@ def test_hub_offline_subprocess(config, tmp_path):
     src = write_numpy_checkpoint(tmp_path / "src", config)
     add_to_hub_cache(cache, "z-lab/subprocess-dflash", src)
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache),
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "convert", "z-lab/subprocess-dflash",
-                           str(out), "--dtype", "bfloat16", "-q", "--q-bits", "8"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "convert",
+            "z-lab/subprocess-dflash",
+            str(out),
+            "--dtype",
+            "bfloat16",
+            "-q",
+            "--q-bits",
+            "8",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     saved = json.loads((out / "config.json").read_text())
     assert saved["quantization"] == {"group_size": 64, "bits": 8}
@@ -152,8 +206,7 @@ def test_round_trip_convert_export_zlab_strict(config, torch_drafter, inputs, tm
 def test_quantized_convert_and_export(config, torch_drafter, inputs, tmp_path):
     src = zr.save_zlab_checkpoint(torch_drafter, config, tmp_path / "src", fmt="sharded")
     out, exported = tmp_path / "q8", tmp_path / "zlab"
-    assert_ok(cli("convert", src, out, "--dtype", "float32", "-q", "--q-bits", "8",
-                  "--q-group-size", "64"))
+    assert_ok(cli("convert", src, out, "--dtype", "float32", "-q", "--q-bits", "8", "--q-group-size", "64"))
     assert "8-bit" in (out / "README.md").read_text()
     draft = dflash_mlx.load_draft(out)
     ctx, emb, head = inputs
@@ -220,8 +273,21 @@ def test_target_model_delegates_to_mlx_lm(monkeypatch, tmp_path):
 
     monkeypatch.setattr(mlx_lm, "convert", fake_convert)
     out = tmp_path / "target"
-    assert_ok(cli("convert", "Qwen/Qwen3-8B", out, "--target-model", "--dtype", "bfloat16",
-                  "-q", "--q-bits", "4", "--revision", "main"))
+    assert_ok(
+        cli(
+            "convert",
+            "Qwen/Qwen3-8B",
+            out,
+            "--target-model",
+            "--dtype",
+            "bfloat16",
+            "-q",
+            "--q-bits",
+            "4",
+            "--revision",
+            "main",
+        )
+    )
     assert len(calls) == 1
     call = calls[0]
     assert call["hf_path"] == "Qwen/Qwen3-8B" and call["dtype"] == "bfloat16"
@@ -235,5 +301,6 @@ def test_target_model_delegates_to_mlx_lm(monkeypatch, tmp_path):
         raise ValueError("Model type foo not supported.")
 
     monkeypatch.setattr(mlx_lm, "convert", failing)
-    assert_fails(cli("convert", "x/y", tmp_path / "t2", "--target-model"), tmp_path / "t2",
-                 "Model type foo not supported")
+    assert_fails(
+        cli("convert", "x/y", tmp_path / "t2", "--target-model"), tmp_path / "t2", "Model type foo not supported"
+    )

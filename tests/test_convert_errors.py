@@ -12,18 +12,36 @@ import numpy as np
 import pytest
 
 try:
-    from convert_helpers import (HIDDEN, IDS, assert_fails, assert_ok, cli, drafter_config,
-                                 leftovers, write_numpy_checkpoint, zlab_shapes, zr)
+    from convert_helpers import (
+        HIDDEN,
+        IDS,
+        assert_fails,
+        assert_ok,
+        cli,
+        drafter_config,
+        leftovers,
+        write_numpy_checkpoint,
+        zlab_shapes,
+        zr,
+    )
 except ImportError:  # tests/ imported as a package
-    from tests.convert_helpers import (HIDDEN, IDS, assert_fails, assert_ok, cli, drafter_config,
-                                       leftovers, write_numpy_checkpoint, zlab_shapes, zr)
+    from tests.convert_helpers import (
+        HIDDEN,
+        IDS,
+        assert_fails,
+        assert_ok,
+        cli,
+        drafter_config,
+        leftovers,
+        write_numpy_checkpoint,
+        zlab_shapes,
+        zr,
+    )
 
 
 @pytest.fixture
 def config() -> dict:
     return drafter_config(num_layers=1)
-
-
 
 
 def test_valid_source_converts(src, out):
@@ -56,8 +74,13 @@ def test_missing_config(src, out):
 
 
 def test_missing_shard(tmp_path, src, out):
-    index = {"metadata": {}, "weight_map": {"fc.weight": "model-00001-of-00002.safetensors",
-                                            "norm.weight": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {
+            "fc.weight": "model-00001-of-00002.safetensors",
+            "norm.weight": "model-00002-of-00002.safetensors",
+        },
+    }
     (src / "model.safetensors").rename(src / "model-00001-of-00002.safetensors")
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     assert_fails(cli("convert", src, out), out, "model-00002-of-00002.safetensors", "missing")
@@ -96,13 +119,17 @@ def test_extra_layer(tmp_path, config, out):
 def test_wrong_shape(tmp_path, config, out):
     shapes = {"layers.0.self_attn.q_proj.weight": (HIDDEN, HIDDEN + 64)}
     src = write_numpy_checkpoint(tmp_path / "src", config, shapes=shapes)
-    assert_fails(cli("convert", src, out), out, "layers.0.self_attn.q_proj.weight",
-                 f"({HIDDEN}, {HIDDEN + 64})", f"({HIDDEN}, {HIDDEN})")
+    assert_fails(
+        cli("convert", src, out),
+        out,
+        "layers.0.self_attn.q_proj.weight",
+        f"({HIDDEN}, {HIDDEN + 64})",
+        f"({HIDDEN}, {HIDDEN})",
+    )
 
 
 def test_integer_tensor(tmp_path, config, out):
-    src = write_numpy_checkpoint(tmp_path / "src", config,
-                                 extra={"norm.weight": np.ones(HIDDEN, np.int32)})
+    src = write_numpy_checkpoint(tmp_path / "src", config, extra={"norm.weight": np.ones(HIDDEN, np.int32)})
     assert_fails(cli("convert", src, out), out, "norm.weight", "int32")
 
 
@@ -112,37 +139,39 @@ def test_config_without_target_layer_ids(tmp_path, out):
 
 
 def test_config_fields(tmp_path, src, out, config):
-    for change, needle in [({"num_target_layers": 20}, "target_layer_ids [27] out of range"),
-                           ({"dflash_config": {"mask_token_id": 10**6, "target_layer_ids": IDS}},
-                            "mask_token_id"),
-                           ({"architectures": ["DFlash2DraftModel"]}, "lacks dflash_config.conv_kernel_size"),
-                           ({"dflash_config": {**config["dflash_config"], "output_multiplier": "2"}},
-                            "output_multiplier must be a positive number"),
-                           ({"dflash_config": {**config["dflash_config"], "final_logit_softcapping": -1.0}},
-                            "final_logit_softcapping"),
-                           ({"rope_scaling": {"rope_type": "unheard-of", "factor": 2.0}}, "rope_scaling"),
-                           ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}},
-                            "truncate"),
-                           ({"hidden_act": "gelu"}, "hidden_act"),
-                           ({"mlp_bias": True}, "mlp_bias"),
-                           ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
-                            "partial_rotary_factor")]:
+    for change, needle in [
+        ({"num_target_layers": 20}, "target_layer_ids [27] out of range"),
+        ({"dflash_config": {"mask_token_id": 10**6, "target_layer_ids": IDS}}, "mask_token_id"),
+        ({"architectures": ["DFlash2DraftModel"]}, "lacks dflash_config.conv_kernel_size"),
+        (
+            {"dflash_config": {**config["dflash_config"], "output_multiplier": "2"}},
+            "output_multiplier must be a positive number",
+        ),
+        ({"dflash_config": {**config["dflash_config"], "final_logit_softcapping": -1.0}}, "final_logit_softcapping"),
+        ({"rope_scaling": {"rope_type": "unheard-of", "factor": 2.0}}, "rope_scaling"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}}, "truncate"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+    ]:
         (src / "config.json").write_text(json.dumps({**config, **change}))
         assert_fails(cli("convert", src, out), out, needle)
     (src / "config.json").write_text("{not json")
     assert_fails(cli("convert", src, out), out, "config.json", "not valid JSON")
 
 
-@pytest.mark.parametrize("change,needle", [
-    ({"num_target_layers": 28}, "num_target_layers 28"),
-    ({"vocab_size": 50000}, "vocab_size 50000"),
-    ({"hidden": 64}, "hidden_size 64"),
-])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"num_target_layers": 28}, "num_target_layers 28"),
+        ({"vocab_size": 50000}, "vocab_size 50000"),
+        ({"hidden": 64}, "hidden_size 64"),
+    ],
+)
 def test_target_does_not_fit(tmp_path, out, default_model_dir, change, needle):
     config = drafter_config(num_layers=1, **change)
     src = write_numpy_checkpoint(tmp_path / "src", config)
-    assert_fails(cli("convert", src, out, "--target", default_model_dir), out,
-                 "does not fit target", needle)
+    assert_fails(cli("convert", src, out, "--target", default_model_dir), out, "does not fit target", needle)
 
 
 def test_existing_output_without_force(src, out):

@@ -35,9 +35,19 @@ MAX_TOKENS = 24
 def tiny_target(model_type: str, quantize: bool = True) -> nn.Module:
     bits, group_size, extra = FAMILIES[model_type]
     model_class, args_class = _get_classes({"model_type": model_type})
-    args = dict(model_type=model_type, hidden_size=HIDDEN, num_hidden_layers=LAYERS, intermediate_size=128,
-                num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,
-                rope_theta=10_000.0, max_position_embeddings=512, **extra)
+    args = dict(
+        model_type=model_type,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=VOCAB,
+        rope_theta=10_000.0,
+        max_position_embeddings=512,
+        **extra,
+    )
     mx.random.seed(3)
     model = model_class(args_class.from_dict(args))
     model.update(tree_map(lambda p: 3 * p, model.parameters()))  # livelier than the default init: varied greedy text
@@ -48,9 +58,18 @@ def tiny_target(model_type: str, quantize: bool = True) -> nn.Module:
 
 
 def tiny_drafter(block_size: int = 8) -> Drafter:
-    config = DrafterConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                           intermediate_size=64, vocab_size=VOCAB, num_target_layers=LAYERS, target_layer_ids=[1, 2],
-                           mask_token_id=0, block_size=block_size)
+    config = DrafterConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        num_target_layers=LAYERS,
+        target_layer_ids=[1, 2],
+        mask_token_id=0,
+        block_size=block_size,
+    )
     mx.random.seed(1)
     drafter = Drafter(config)
     mx.eval(drafter.parameters())

@@ -67,8 +67,13 @@ def run(runner: str, args, kernel=GATED_DELTA_REPLAY, seed=0) -> mx.array:
 
         return run_metal(kernel, launch)[0]
     return MetalKernel.of(kernel)(
-        inputs=launch.inputs, template=launch.template, grid=launch.grid, threadgroup=launch.threadgroup,
-        output_shapes=launch.output_shapes, output_dtypes=launch.output_dtypes, seed=seed,
+        inputs=launch.inputs,
+        template=launch.template,
+        grid=launch.grid,
+        threadgroup=launch.threadgroup,
+        output_shapes=launch.output_shapes,
+        output_dtypes=launch.output_dtypes,
+        seed=seed,
     )[0]
 
 
@@ -131,8 +136,9 @@ def test_replay_wrapper_on_metal_chains_launches():
     assert_close(gated_delta_replay(*args, use_kernel=True), args)
 
 
-@pytest.mark.parametrize("field, change", [("k", lambda a: (a[0], a[1][:, :2], *a[2:])),
-                                           ("g", lambda a: (*a[:3], a[3][..., :1], a[4]))])
+@pytest.mark.parametrize(
+    "field, change", [("k", lambda a: (a[0], a[1][:, :2], *a[2:])), ("g", lambda a: (*a[:3], a[3][..., :1], a[4]))]
+)
 def test_replay_wrapper_rejects_mismatched_shapes(field, change):
     with pytest.raises(ValueError, match=field):
         gated_delta_replay(*change(problem(1, 3, 1, 2, 16, 4, mx.float32)), use_kernel=False)

@@ -27,8 +27,10 @@ RUNNERS = ["emulator", pytest.param("metal", marks=pytest.mark.skipif(not metal_
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
 
 ROW_SWEEP = [(m, mx.float16, 4, 64, 320, 21) for m in range(1, 17)]  # K: 1.25 chunks; N: 2 tiles + 5
-FORMATS = [(3, dtype, bits, gs, 384, 13) for dtype, bits, gs in
-           itertools.product((mx.float16, mx.bfloat16, mx.float32), (4, 8), (32, 64, 128))]
+FORMATS = [
+    (3, dtype, bits, gs, 384, 13)
+    for dtype, bits, gs in itertools.product((mx.float16, mx.bfloat16, mx.float32), (4, 8), (32, 64, 128))
+]
 TAILS = [(2, mx.float32, 4, 32, 32, 1), (7, mx.bfloat16, 8, 32, 544, 9), (16, mx.float32, 8, 128, 640, 3)]
 CASES = ROW_SWEEP + FORMATS + TAILS
 BROKEN_CASE = (4, mx.float32, 4, 32, 544, 12)
@@ -58,8 +60,13 @@ def assert_close(y, args, label=""):
 def emulated(kernel: KernelSource, args, seed=0):
     launch = verify_qmm_launch(*args)
     return MetalKernel.of(kernel)(
-        inputs=launch.inputs, template=launch.template, grid=launch.grid, threadgroup=launch.threadgroup,
-        output_shapes=launch.output_shapes, output_dtypes=launch.output_dtypes, seed=seed,
+        inputs=launch.inputs,
+        template=launch.template,
+        grid=launch.grid,
+        threadgroup=launch.threadgroup,
+        output_shapes=launch.output_shapes,
+        output_dtypes=launch.output_dtypes,
+        seed=seed,
     )[0]
 
 
@@ -79,7 +86,7 @@ def broken(old: str, new: str, count: int = 1, kernel: KernelSource = VERIFY_QMM
         at = -1
         for _ in range(count):
             at = src.index(old, at + 1)
-        mutated = src[:at] + new + src[at + len(old):]
+        mutated = src[:at] + new + src[at + len(old) :]
     return KernelSource(kernel.name + "_broken", kernel.input_names, kernel.output_names, mutated)
 
 
@@ -197,13 +204,25 @@ def _misc_instances():
 def mlx_written_source(kernel: MetalKernel, inputs, template, output_shapes, output_dtypes, tmp_path, capfd) -> str:
     """The kernel source MLX itself writes, printed with verbose=True while it traces an export
     (MLX records a metal_kernel in an export even where Metal cannot run)."""
-    real = mx.fast.metal_kernel(name=kernel.name, input_names=kernel.input_names, output_names=kernel.output_names,
-                                source=kernel.source, header=kernel.header,
-                                ensure_row_contiguous=kernel.ensure_row_contiguous)
+    real = mx.fast.metal_kernel(
+        name=kernel.name,
+        input_names=kernel.input_names,
+        output_names=kernel.output_names,
+        source=kernel.source,
+        header=kernel.header,
+        ensure_row_contiguous=kernel.ensure_row_contiguous,
+    )
 
     def call(*arrays):
-        return real(inputs=list(arrays), template=template, grid=(32, 1, 1), threadgroup=(32, 1, 1),
-                    output_shapes=output_shapes, output_dtypes=output_dtypes, verbose=True)
+        return real(
+            inputs=list(arrays),
+            template=template,
+            grid=(32, 1, 1),
+            threadgroup=(32, 1, 1),
+            output_shapes=output_shapes,
+            output_dtypes=output_dtypes,
+            verbose=True,
+        )
 
     capfd.readouterr()
     mx.export_function(str(tmp_path / "kernel.mlxfn"), call, *inputs)
@@ -217,8 +236,9 @@ def test_emulator_writes_the_source_mlx_writes(case, tmp_path, capfd):
     launch = verify_qmm_launch(*problem(*case))
     kernel = MetalKernel.of(VERIFY_QMM)
     ours = kernel.kernel_source(kernel.args(launch.inputs, launch.template, launch.output_dtypes))
-    theirs = mlx_written_source(kernel, launch.inputs, launch.template, launch.output_shapes, launch.output_dtypes,
-                                tmp_path, capfd)
+    theirs = mlx_written_source(
+        kernel, launch.inputs, launch.template, launch.output_shapes, launch.output_dtypes, tmp_path, capfd
+    )
     assert ours == theirs
     scalar = [mx.array(STRIDED), mx.array(2.0)]
     ours = SHAPES_KERNEL.kernel_source(SHAPES_KERNEL.args(scalar, [], [mx.float32]))
@@ -230,25 +250,40 @@ def test_emulator_writes_mlx_signature():
     a = SHAPES_KERNEL.args([mx.array(STRIDED), mx.array(2.0)], [], [mx.float32])
     text = SHAPES_KERNEL.kernel_source(a)
     assert "[[kernel]] void custom_kernel_strided_float_floats_float(" in text
-    for line in ["const device float* inp [[buffer(0)]]", "const constant int* inp_shape [[buffer(1)]]",
-                 "const constant int64_t* inp_strides [[buffer(2)]]", "const constant int& inp_ndim [[buffer(3)]]",
-                 "const constant float& scale [[buffer(4)]]", "device float* out [[buffer(5)]]",
-                 "uint3 thread_position_in_grid [[thread_position_in_grid]]"]:
+    for line in [
+        "const device float* inp [[buffer(0)]]",
+        "const constant int* inp_shape [[buffer(1)]]",
+        "const constant int64_t* inp_strides [[buffer(2)]]",
+        "const constant int& inp_ndim [[buffer(3)]]",
+        "const constant float& scale [[buffer(4)]]",
+        "device float* out [[buffer(5)]]",
+        "uint3 thread_position_in_grid [[thread_position_in_grid]]",
+    ]:
         assert line in text
-    (out,) = SHAPES_KERNEL(inputs=[STRIDED, mx.array(2.0)], grid=(12, 1, 1), threadgroup=(8, 1, 1),
-                           output_shapes=[(12,)], output_dtypes=[mx.float32])
+    (out,) = SHAPES_KERNEL(
+        inputs=[STRIDED, mx.array(2.0)],
+        grid=(12, 1, 1),
+        threadgroup=(8, 1, 1),
+        output_shapes=[(12,)],
+        output_dtypes=[mx.float32],
+    )
     assert np.array_equal(np.array(out), STRIDED.reshape(-1) * 2 + 2)
 
 
 def test_emulator_simd_functions_partial_simdgroup():
     """48 threads: a full simdgroup and one of 16 lanes (Metal's non-uniform threadgroup)."""
-    (out,) = SIMD_KERNEL(inputs=[mx.array(SIMD_INPUT)], grid=(48, 1, 1), threadgroup=(48, 1, 1),
-                         output_shapes=[(48 * 5,)], output_dtypes=[mx.float32])
+    (out,) = SIMD_KERNEL(
+        inputs=[mx.array(SIMD_INPUT)],
+        grid=(48, 1, 1),
+        threadgroup=(48, 1, 1),
+        output_shapes=[(48 * 5,)],
+        output_dtypes=[mx.float32],
+    )
     got = np.array(out).reshape(48, 5)
     for lo, hi in ((0, 32), (32, 48)):
         v = SIMD_INPUT[lo:hi]
         np.testing.assert_allclose(got[lo:hi, 0], v.sum(), rtol=1e-5)
-        np.testing.assert_array_equal(got[lo:hi - 1, 1], v[1:])
+        np.testing.assert_array_equal(got[lo : hi - 1, 1], v[1:])
         np.testing.assert_allclose(got[lo:hi, 2], np.concatenate([[0], np.cumsum(v)[:-1]]), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[lo:hi, 3], v.max())
         np.testing.assert_array_equal(got[lo:hi, 4], v[2] + 48)
@@ -256,5 +291,10 @@ def test_emulator_simd_functions_partial_simdgroup():
 
 def test_emulator_reports_a_divergent_barrier():
     with pytest.raises(KernelError, match="returned"):
-        DIVERGENT_KERNEL(inputs=[mx.array(SIMD_INPUT)], grid=(48, 1, 1), threadgroup=(16, 1, 1),
-                         output_shapes=[(48,)], output_dtypes=[mx.float32])
+        DIVERGENT_KERNEL(
+            inputs=[mx.array(SIMD_INPUT)],
+            grid=(48, 1, 1),
+            threadgroup=(16, 1, 1),
+            output_shapes=[(48,)],
+            output_dtypes=[mx.float32],
+        )

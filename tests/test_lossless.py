@@ -36,8 +36,9 @@ BLOCK = 8
 
 
 def drafter_config(**kw) -> DrafterConfig:
-    return smollm2_drafter_config(**{"intermediate_size": 1536, "target_layer_ids": [2, 15, 28],
-                                     "block_size": BLOCK, **kw})
+    return smollm2_drafter_config(
+        **{"intermediate_size": 1536, "target_layer_ids": [2, 15, 28], "block_size": BLOCK, **kw}
+    )
 
 
 class Scripted:
@@ -313,13 +314,22 @@ def test_pipelined_plain_steps_end_exactly(default_model, references, with_draft
     stop = full[10:14]
     drafter = ScriptedDrafter(prompt + ref, lambda c, k: True) if with_drafter else None
     cache = make_prompt_cache(model, drafter)
-    _, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, stop=[stop], prompt_cache=cache,
-                        policy=ScriptedPolicy([1]))
+    _, responses = ours(
+        model,
+        tokenizer,
+        prompt,
+        drafter,
+        max_tokens=MAX_TOKENS,
+        stop=[stop],
+        prompt_cache=cache,
+        policy=ScriptedPolicy([1]),
+    )
     assert "".join(r.text for r in responses) == full[: full.index(stop)]
     assert responses[-1].finish_reason == "stop" and len(cache.tokens) == len(prompt) + len(responses)
     assert_cache_agrees(cache, drafter)
     later = prompt + ref[: len(responses) + 3]  # the next turn extends what the cache holds
-    got, responses = ours(model, tokenizer, later, drafter, max_tokens=16, prompt_cache=cache,
-                          policy=ScriptedPolicy([1, 1, 2]))
+    got, responses = ours(
+        model, tokenizer, later, drafter, max_tokens=16, prompt_cache=cache, policy=ScriptedPolicy([1, 1, 2])
+    )
     assert got == [r.token for r in mlx_lm.stream_generate(model, tokenizer, later, max_tokens=16)]
     assert responses[-1].stats.prompt_cached == len(later) - 3

@@ -9,12 +9,21 @@ import pytest
 from dflash_mlx.options import DecodeOptions, OptionError
 
 BAD = [
-    ("temp", -0.5), ("temp", float("nan")), ("temp", "hot"),
-    ("top_p", 0), ("top_p", 2), ("top_p", True),
-    ("top_k", -3), ("top_k", 1.5),
-    ("seed", -1), ("seed", 1.5),
-    ("block_size", 1), ("block_size", 0), ("block_size", 4.0),
-    ("kernels", "yes"), ("profile", None),
+    ("temp", -0.5),
+    ("temp", float("nan")),
+    ("temp", "hot"),
+    ("top_p", 0),
+    ("top_p", 2),
+    ("top_p", True),
+    ("top_k", -3),
+    ("top_k", 1.5),
+    ("seed", -1),
+    ("seed", 1.5),
+    ("block_size", 1),
+    ("block_size", 0),
+    ("block_size", 4.0),
+    ("kernels", "yes"),
+    ("profile", None),
 ]
 
 

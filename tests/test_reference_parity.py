@@ -49,29 +49,75 @@ MASK = VOCAB - 1
 # name -> zlab_config arguments (vocab / mask filled in by _config)
 CONFIGS = {
     "1 layer, MHA": dict(
-        hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4, head_dim=16,
-        intermediate_size=128, block_size=8, num_target_layers=8, target_layer_ids=[3],
-        rope_theta=10_000.0),
+        hidden_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=16,
+        intermediate_size=128,
+        block_size=8,
+        num_target_layers=8,
+        target_layer_ids=[3],
+        rope_theta=10_000.0,
+    ),
     "3 layers, GQA, head_dim 32": dict(
-        hidden_size=96, num_layers=3, num_heads=6, num_kv_heads=2, head_dim=32,
-        intermediate_size=160, block_size=16, num_target_layers=10, target_layer_ids=[1, 4, 8],
-        rope_theta=1_000_000.0),
+        hidden_size=96,
+        num_layers=3,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=160,
+        block_size=16,
+        num_target_layers=10,
+        target_layer_ids=[1, 4, 8],
+        rope_theta=1_000_000.0,
+    ),
     # transformers' Qwen3Config drops sliding_window unless use_sliding_window is set.
     "sliding window 6, causal": dict(
-        hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
-        intermediate_size=96, block_size=8, num_target_layers=6, target_layer_ids=[1, 3],
-        rope_theta=10_000.0, sliding_window=6, use_sliding_window=True,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+        hidden_size=64,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        block_size=8,
+        num_target_layers=6,
+        target_layer_ids=[1, 3],
+        rope_theta=10_000.0,
+        sliding_window=6,
+        use_sliding_window=True,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    ),
     "sliding window 5 < block, bidirectional": dict(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16,
-        intermediate_size=96, block_size=8, num_target_layers=6, target_layer_ids=[0, 5],
-        rope_theta=10_000.0, sliding_window=5, use_sliding_window=True, is_causal=False,
-        layer_types=["full_attention", "sliding_attention"]),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=96,
+        block_size=8,
+        num_target_layers=6,
+        target_layer_ids=[0, 5],
+        rope_theta=10_000.0,
+        sliding_window=5,
+        use_sliding_window=True,
+        is_causal=False,
+        layer_types=["full_attention", "sliding_attention"],
+    ),
     # z-lab (torch and MLX alike) applies a config's is_causal to EVERY layer.
     "is_causal true, full attention": dict(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-        intermediate_size=96, block_size=8, num_target_layers=6, target_layer_ids=[2, 4],
-        rope_theta=10_000.0, is_causal=True),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        block_size=8,
+        num_target_layers=6,
+        target_layer_ids=[2, 4],
+        rope_theta=10_000.0,
+        is_causal=True,
+    ),
 }
 
 # (new context tokens, block length) per step: the context grows 9 -> 10 -> 14 -> 16 -> 22,
@@ -144,8 +190,13 @@ def test_drafter_matches_zlab_torch_over_growing_context(name):
     # The masking under test really matters for these inputs (no vacuous pass).
     layer_types = config.get("layer_types") or []
     if "sliding_attention" in layer_types or config.get("is_causal"):
-        plain = _ours_from_torch(torch_model, config, is_causal=None, sliding_window=None,
-                                 layer_types=["full_attention"] * spec["num_layers"])
+        plain = _ours_from_torch(
+            torch_model,
+            config,
+            is_causal=None,
+            sliding_window=None,
+            layer_types=["full_attention"] * spec["num_layers"],
+        )
         plain_hidden, _, _ = _run_ours(plain, steps, lm_head)
         assert _max_diff(plain_hidden[-1], ref_hidden[-1]) > 100 * TOL
 
@@ -195,8 +246,17 @@ SMOL_IDS = [2, 14, 27]  # the same for every drafter: z-lab hooks the target onl
 
 def _smol_config(mask_token_id: int = 4) -> dict:
     return zr.zlab_config(
-        **SMOLLM2, num_layers=2, num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=1536,
-        block_size=16, target_layer_ids=SMOL_IDS, mask_token_id=mask_token_id, rope_theta=100_000.0)
+        **SMOLLM2,
+        num_layers=2,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        block_size=16,
+        target_layer_ids=SMOL_IDS,
+        mask_token_id=mask_token_id,
+        rope_theta=100_000.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +268,9 @@ def smol_drafters(tmp_path_factory):
     answer that gives accepted drafts in about half of the cycles."""
     out = {}
     random_config = _smol_config()
-    out["random"] = zr.save_zlab_checkpoint(zr.make_torch_drafter(random_config, seed=21),
-                                            random_config, tmp_path_factory.mktemp("random"))
+    out["random"] = zr.save_zlab_checkpoint(
+        zr.make_torch_drafter(random_config, seed=21), random_config, tmp_path_factory.mktemp("random")
+    )
     comma_config = _smol_config(mask_token_id=COMMA)
     comma = zr.make_comma_drafter(comma_config, seed=22)
     out["comma"] = zr.save_zlab_checkpoint(comma, comma_config, tmp_path_factory.mktemp("comma"))
@@ -227,8 +288,7 @@ def _chat(tokenizer, text: str) -> list[int]:
 
 
 def _ours_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
-    responses = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens,
-                                     block_size=block_size))
+    responses = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=block_size))
     return [r.token for r in responses], responses[-1].stats.accepted_lengths
 
 

@@ -42,9 +42,19 @@ LENGTHS = [(5, 30), (WINDOW + 1, 24), (3 * WINDOW + 3, 30)]
 
 def drafter_config(target: Target, block_size: int = BLOCK) -> DrafterConfig:
     n = target.num_layers
-    return DrafterConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, intermediate_size=64, vocab_size=VOCAB, num_target_layers=n,
-                         target_layer_ids=[0, n - 1], mask_token_id=MASK, block_size=block_size)
+    return DrafterConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        num_target_layers=n,
+        target_layer_ids=[0, n - 1],
+        mask_token_id=MASK,
+        block_size=block_size,
+    )
 
 
 def random_drafter(target: Target, seed: int = 0) -> Drafter:
@@ -110,8 +120,12 @@ def plain_family(request):
 
 def test_adapter_per_family(family):
     name, model, target = family
-    kinds = {"qwen3_moe": {"full"}, "gpt_oss": {"sliding", "full"}, "gemma4_text": {"sliding", "full"},
-             "gemma4": {"sliding", "full"}}.get(name, {"linear", "full"})
+    kinds = {
+        "qwen3_moe": {"full"},
+        "gpt_oss": {"sliding", "full"},
+        "gemma4_text": {"sliding", "full"},
+        "gemma4": {"sliding", "full"},
+    }.get(name, {"linear", "full"})
     assert set(target.kinds) == kinds and len(target.kinds) == target.num_layers
     cache = make_target_cache(model)
     tokens = mx.array(prompt_of(WINDOW + 5, 1))[None]
@@ -127,8 +141,9 @@ def test_greedy_lossless(family):
         prompt = prompt_of(length, i)
         ref = reference(model, prompt, n)
         assert ours(model, prompt, random_drafter(target, i), n, block_size=BLOCK)[0] == ref, (name, length)
-        drafter = ScriptedDrafter(target, prompt + ref + [0] * BLOCK,
-                                  lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k))
+        drafter = ScriptedDrafter(
+            target, prompt + ref + [0] * BLOCK, lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k)
+        )
         got, accepted = ours(model, prompt, drafter, n, block_size=BLOCK)
         assert got == ref, (name, length)
         seen.update(accepted)

@@ -54,8 +54,12 @@ def emulated_replay(state, t: tape.Tape, keep: int) -> mx.array:
     """The shipped replay kernel, in the emulator, on the tape's first `keep` tokens."""
     launch = gated_delta_replay_launch(state, t.k[:, :keep], t.v[:, :keep], t.g[:, :keep], t.beta[:, :keep])
     return MetalKernel.of(GATED_DELTA_REPLAY)(
-        inputs=launch.inputs, template=launch.template, grid=launch.grid, threadgroup=launch.threadgroup,
-        output_shapes=launch.output_shapes, output_dtypes=launch.output_dtypes,
+        inputs=launch.inputs,
+        template=launch.template,
+        grid=launch.grid,
+        threadgroup=launch.threadgroup,
+        output_shapes=launch.output_shapes,
+        output_dtypes=launch.output_dtypes,
     )[0]
 
 

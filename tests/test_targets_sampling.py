@@ -73,8 +73,9 @@ def test_three_tokens_through_rollbacks_follow_the_target():
     samples, stats = [], GenerationStats()
     for _ in range(SAMPLES):
         tokens = []
-        for committed, _, _ in generate_step(PROMPT, model, drafter, block_size=3, max_tokens=3, temp=TEMP,
-                                             prompt_cache=cache, stats=stats):
+        for committed, _, _ in generate_step(
+            PROMPT, model, drafter, block_size=3, max_tokens=3, temp=TEMP, prompt_cache=cache, stats=stats
+        ):
             tokens += committed
             if len(tokens) >= 3:
                 break

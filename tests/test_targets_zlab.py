@@ -88,10 +88,21 @@ def _zlab_scripted_drafter(target: Target, truth: list[int], corrupt):
 
     cfg = drafter_config(target)
     config = model_mlx.DFlashConfig(
-        hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=64, vocab_size=VOCAB, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
-        block_size=BLOCK, target_layer_ids=tuple(cfg.target_layer_ids), num_target_layers=cfg.num_target_layers,
-        mask_token_id=MASK)
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        block_size=BLOCK,
+        target_layer_ids=tuple(cfg.target_layer_ids),
+        num_target_layers=cfg.num_target_layers,
+        mask_token_id=MASK,
+    )
     return Scripted(config)
 
 
@@ -106,10 +117,14 @@ def test_qwen3_5_scripted_drafters_equal_zlab_mlx(default_model):
         prompt = prompt_of(length, 20 + i)
         truth = prompt + reference(model, prompt, 40) + [0] * BLOCK
         corrupt = lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k)  # noqa: E731
-        want, their_cycles = zlab_generate(theirs_model, _zlab_scripted_drafter(target, truth, corrupt), tokenizer,
-                                            prompt, 40, BLOCK)
-        responses = list(stream_generate(model, tokenizer, prompt, ScriptedDrafter(target, truth, corrupt),
-                                         max_tokens=40, block_size=BLOCK))
+        want, their_cycles = zlab_generate(
+            theirs_model, _zlab_scripted_drafter(target, truth, corrupt), tokenizer, prompt, 40, BLOCK
+        )
+        responses = list(
+            stream_generate(
+                model, tokenizer, prompt, ScriptedDrafter(target, truth, corrupt), max_tokens=40, block_size=BLOCK
+            )
+        )
         assert [r.token for r in responses] == want
         ours = responses[-1].stats.accepted_lengths
         assert ours[: len(their_cycles) - 1] == their_cycles[:-1]
@@ -125,8 +140,14 @@ def test_drafter_fields_equal_zlab_mlx(tmp_path):
 
     model = tiny_target("qwen3")
     target = make_target(model, [0, 3])
-    fields = dict(input_embedding_scale=1.7, output_multiplier=0.8, final_logit_softcapping=3.0,
-                  layer_types=["sliding_attention"], sliding_window=10, rope_scaling={"type": "linear", "factor": 2.0})
+    fields = dict(
+        input_embedding_scale=1.7,
+        output_multiplier=0.8,
+        final_logit_softcapping=3.0,
+        layer_types=["sliding_attention"],
+        sliding_window=10,
+        rope_scaling={"type": "linear", "factor": 2.0},
+    )
     _save_random_drafter(target, tmp_path, seed=6, **fields)
     ours = load_draft(str(tmp_path), model=model)
     assert ours.config.final_logit_softcapping == 3.0 and ours.config.input_embedding_scale == 1.7

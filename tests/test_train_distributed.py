@@ -21,14 +21,28 @@ def test_two_ranks_train_in_lockstep(tmp_path):
     if launcher is None:
         pytest.skip("mlx.launch is not installed")
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([launcher, "-n", "2", "--backend", "ring", sys.executable,
-                           str(ROOT / "tests" / "train_distributed_worker.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            launcher,
+            "-n",
+            "2",
+            "--backend",
+            "ring",
+            sys.executable,
+            str(ROOT / "tests" / "train_distributed_worker.py"),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     assert all(r["world"] == 2 for r in ranks)
-    assert ranks[0]["checksum"] == ranks[1]["checksum"]      # identical weights after training
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]  # identical weights after training
     losses = next(r["losses"] for r in ranks if r["rank"] == 0)
     assert losses[-1] < losses[0]
     assert (tmp_path / "drafter" / "model.safetensors").is_file()  # rank 0 wrote the drafter

@@ -119,9 +119,21 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, arch):
     """Stopping after 3 steps and resuming gives the same weights as 6 uninterrupted steps."""
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
-    common = dict(data=str(data), num_layers=1, target_layer_ids=[1, 3], block_size=4, batch_size=3,
-                  num_anchors=4, progress=False, checkpoint_every=1, max_steps=6, log_every=1,
-                  loss_vocab="sampled", negatives=8, **arch)
+    common = dict(
+        data=str(data),
+        num_layers=1,
+        target_layer_ids=[1, 3],
+        block_size=4,
+        batch_size=3,
+        num_anchors=4,
+        progress=False,
+        checkpoint_every=1,
+        max_steps=6,
+        log_every=1,
+        loss_vocab="sampled",
+        negatives=8,
+        **arch,
+    )
     whole = train(TrainArgs(out=str(tmp_path / "whole"), **common), log=lambda s: None)
 
     class Stop(Exception):

@@ -22,9 +22,19 @@ IDS = [1, 3]
 
 def _config(**extra):
     return zr.zlab_config(
-        hidden_size=HIDDEN, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-        intermediate_size=96, vocab_size=128, block_size=8, num_target_layers=6,
-        target_layer_ids=IDS, mask_token_id=127, rope_theta=10000.0, rms_norm_eps=1e-6,
+        hidden_size=HIDDEN,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=128,
+        block_size=8,
+        num_target_layers=6,
+        target_layer_ids=IDS,
+        mask_token_id=127,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
         **extra,
     )
 
@@ -46,8 +56,7 @@ def test_config_layout():
     assert cfg["architectures"] == ["DFlashDraftModel"]
     assert cfg["model_type"] == "qwen3"
     assert cfg["block_size"] == 8 and cfg["num_target_layers"] == 6
-    assert cfg["dflash_config"] == {"mask_token_id": 127, "target_layer_ids": IDS,
-                                    "input_embedding_scale": 1.0}
+    assert cfg["dflash_config"] == {"mask_token_id": 127, "target_layer_ids": IDS, "input_embedding_scale": 1.0}
     model = zr.make_torch_drafter(_config(), seed=1)
     assert model.block_size == 8 and model.mask_token_id == 127
     assert list(model.target_layer_ids) == IDS
@@ -89,8 +98,9 @@ def test_save_and_strict_reload(drafter, tmp_path, fmt):
     assert all(np.array_equal(got[k], expected[k]) for k in expected)
 
     ctx, emb = _inputs(0, 5)
-    np.testing.assert_array_equal(zrun.torch_draft_logits(reloaded, ctx, emb),
-                                  zrun.torch_draft_logits(drafter, ctx, emb))
+    np.testing.assert_array_equal(
+        zrun.torch_draft_logits(reloaded, ctx, emb), zrun.torch_draft_logits(drafter, ctx, emb)
+    )
 
 
 def test_bf16_checkpoint(drafter, tmp_path):
@@ -111,8 +121,7 @@ def test_draft_forward_deterministic(drafter):
     c = zrun.torch_draft_logits(drafter, ctx, emb, position_ids=np.arange(7 + 8))
     np.testing.assert_array_equal(a, c)
     # RoPE is relative: a uniform shift changes nothing, a gap does
-    np.testing.assert_allclose(a, zrun.torch_draft_logits(drafter, ctx, emb, start=20),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(a, zrun.torch_draft_logits(drafter, ctx, emb, start=20), rtol=1e-4, atol=1e-4)
     gap = np.concatenate([np.arange(7), np.arange(10, 18)])
     assert not np.allclose(a, zrun.torch_draft_logits(drafter, ctx, emb, position_ids=gap))
     # the block sees all of the context
@@ -133,10 +142,8 @@ def test_growing_context_matches_full_context(drafter):
         assert session.cache_len == session.start  # block K/V cropped away
     assert session.start == 10
     full = np.concatenate([ctx1, ctx2, ctx3], axis=1)
-    np.testing.assert_allclose(outs[2], zrun.torch_draft_logits(drafter, full, emb3),
-                               rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(outs[1], zrun.torch_draft_logits(drafter, full[:, :9], emb2),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[2], zrun.torch_draft_logits(drafter, full, emb3), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1], zrun.torch_draft_logits(drafter, full[:, :9], emb2), rtol=1e-5, atol=1e-5)
     again = zrun.torch_draft_logits_growing(drafter, [(ctx1, emb1), (ctx2, emb2), (ctx3, emb3)])
     for x, y in zip(outs, again):
         np.testing.assert_array_equal(x, y)
@@ -175,10 +182,18 @@ def test_dflash_generate_wrapper_is_lossless(drafter):
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        target = Qwen3ForCausalLM(Qwen3Config(
-            vocab_size=128, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=6,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            max_position_embeddings=512)).eval()
+        target = Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=128,
+                hidden_size=HIDDEN,
+                intermediate_size=96,
+                num_hidden_layers=6,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=512,
+            )
+        ).eval()
     prompt = [1, 2, 3, 4, 5]
     out = zrun.run_dflash_generate(drafter, target, prompt, 20)
     with torch.no_grad():

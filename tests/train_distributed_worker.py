@@ -38,15 +38,39 @@ def main(out_dir: str) -> None:
             answer = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=32)]
             fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": prompt, "completion_ids": answer}) + "\n")
     loading.load = lambda path=None, **kw: (model, TinyTok())
-    result = train(TrainArgs(data=str(data), out=str(out / "drafter"), num_layers=1, target_layer_ids=[1, 3],
-                             block_size=8, batch_size=4, num_anchors=8, epochs=2, lr=3e-3, progress=False,
-                             log_every=1, checkpoint_every=1000, seed=0),
-                   log=lambda s: None)
+    result = train(
+        TrainArgs(
+            data=str(data),
+            out=str(out / "drafter"),
+            num_layers=1,
+            target_layer_ids=[1, 3],
+            block_size=8,
+            batch_size=4,
+            num_anchors=8,
+            epochs=2,
+            lr=3e-3,
+            progress=False,
+            log_every=1,
+            checkpoint_every=1000,
+            seed=0,
+        ),
+        log=lambda s: None,
+    )
     drafter = drafters.load_drafter_dir(out / "drafter") if group.rank() == 0 else None
     flat = np.concatenate([np.array(v).ravel() for _, v in tree_flatten(_live_params(result))])
-    print(json.dumps({"rank": group.rank(), "world": group.size(), "checksum": float(np.abs(flat).sum()),
-                      "steps": result["step"], "losses": [h["loss"] for h in result["history"]],
-                      "saved": drafter is not None}), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": group.rank(),
+                "world": group.size(),
+                "checksum": float(np.abs(flat).sum()),
+                "steps": result["step"],
+                "losses": [h["loss"] for h in result["history"]],
+                "saved": drafter is not None,
+            }
+        ),
+        flush=True,
+    )
 
 
 def _live_params(result):

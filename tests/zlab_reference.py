@@ -101,6 +101,7 @@ def zlab_torch_module():
 # Config
 # ---------------------------------------------------------------------------
 
+
 def zlab_config(
     hidden_size: int,
     num_layers: int,
@@ -165,15 +166,19 @@ def zlab_config(
     return config
 
 
-def zlab2_config(conv_kernel_size: int = 2, conv_group_size: int = 16, selector_rank: int = 8,
-                 selector_top_k: int = 4, **v1) -> dict:
+def zlab2_config(
+    conv_kernel_size: int = 2, conv_group_size: int = 16, selector_rank: int = 8, selector_top_k: int = 4, **v1
+) -> dict:
     """A DFlash2 config.json dict (``DFlash2DraftModel``): :func:`zlab_config`'s arguments
     plus the DFlash2 fields, which z-lab's configs keep in ``dflash_config``."""
-    extra = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size,
-                 selector_rank=selector_rank, selector_top_k=selector_top_k)
+    extra = dict(
+        conv_kernel_size=conv_kernel_size,
+        conv_group_size=conv_group_size,
+        selector_rank=selector_rank,
+        selector_top_k=selector_top_k,
+    )
     v1["dflash_config"] = {**extra, **(v1.get("dflash_config") or {})}
-    return zlab_config(architectures=["DFlash2DraftModel"],
-                       auto_map={"AutoModel": "dflash.DFlash2DraftModel"}, **v1)
+    return zlab_config(architectures=["DFlash2DraftModel"], auto_map={"AutoModel": "dflash.DFlash2DraftModel"}, **v1)
 
 
 def _model_class(config: dict):
@@ -189,6 +194,7 @@ def torch_config(config: dict):
 # ---------------------------------------------------------------------------
 # Model construction, save and load
 # ---------------------------------------------------------------------------
+
 
 def make_torch_drafter(
     config: dict,
@@ -289,8 +295,9 @@ def save_zlab_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     tdtype = _torch_dtype(dtype)
 
-    tensors = {released_key(k): v.detach().to("cpu", tdtype).contiguous().clone()
-               for k, v in torch_model.state_dict().items()}
+    tensors = {
+        released_key(k): v.detach().to("cpu", tdtype).contiguous().clone() for k, v in torch_model.state_dict().items()
+    }
     for k, v in (extra_tensors or {}).items():
         tensors[k] = torch.as_tensor(np.asarray(v)).to(tdtype).contiguous()
 
@@ -355,8 +362,7 @@ def state_dict_numpy(torch_model) -> dict[str, np.ndarray]:
     """The model's state dict as float32 numpy arrays, keyed exactly as the checkpoint."""
     import torch
 
-    return {k: v.detach().to("cpu", torch.float32).numpy().copy()
-            for k, v in torch_model.state_dict().items()}
+    return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in torch_model.state_dict().items()}
 
 
 def load_torch_drafter(path, dtype=None, strict: bool = True):

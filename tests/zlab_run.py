@@ -128,10 +128,7 @@ def _run_block(model, target_hidden, block_embeddings, position_ids, cache, lm_h
     emb = _as_tensor(block_embeddings, torch).to(dtype)
     pos = torch.as_tensor(np.asarray(position_ids, dtype=np.int64)).reshape(1, -1)
     if pos.shape[1] != ctx.shape[1] + emb.shape[1]:
-        raise ValueError(
-            f"position_ids must cover context + block: {pos.shape[1]} != "
-            f"{ctx.shape[1]} + {emb.shape[1]}"
-        )
+        raise ValueError(f"position_ids must cover context + block: {pos.shape[1]} != {ctx.shape[1]} + {emb.shape[1]}")
     with torch.inference_mode():
         hidden = model(
             position_ids=pos,
@@ -208,8 +205,7 @@ class TorchDraftSession:
         n_blk = int(np.asarray(block_embeddings.shape)[-2])
         start = self.cache_len + n_new
         positions = np.arange(start - n_new, start + n_blk)
-        out = _run_block(self.model, new_target_hidden, block_embeddings, positions,
-                         self.cache, self.lm_head)
+        out = _run_block(self.model, new_target_hidden, block_embeddings, positions, self.cache, self.lm_head)
         self._crop_to(self.cache, start)
         self.start = start
         return out
@@ -224,16 +220,22 @@ def torch_draft_logits_growing(torch_model, steps, lm_head=None) -> list[np.ndar
     return [session.step(ctx, emb) for ctx, emb in steps]
 
 
-def run_dflash_generate(drafter, target, input_ids, max_new_tokens, stop_token_ids=None,
-                        block_size=None):
+def run_dflash_generate(drafter, target, input_ids, max_new_tokens, stop_token_ids=None, block_size=None):
     """z-lab's greedy ``dflash_generate`` on CPU (``return_stats=False``); returns a list of ids."""
     import torch
 
     zm = zlab_torch_module()
     ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64)).reshape(1, -1)
-    out = zm.dflash_generate(drafter.eval(), target.eval(), ids, int(max_new_tokens),
-                             stop_token_ids, temperature=0.0, block_size=block_size,
-                             return_stats=False)
+    out = zm.dflash_generate(
+        drafter.eval(),
+        target.eval(),
+        ids,
+        int(max_new_tokens),
+        stop_token_ids,
+        temperature=0.0,
+        block_size=block_size,
+        return_stats=False,
+    )
     return out[0].tolist()
 
 
@@ -247,7 +249,10 @@ def torch_select(torch_model, hidden, logits, anchor: int) -> list[int]:
     with torch.inference_mode():
         path, _, _ = torch_model.candidate_selector.select(
             torch.from_numpy(np.ascontiguousarray(hidden[:, 1:])),
-            torch.from_numpy(np.ascontiguousarray(logits[:, 1:])), torch.tensor([int(anchor)]), 0.0)
+            torch.from_numpy(np.ascontiguousarray(logits[:, 1:])),
+            torch.tensor([int(anchor)]),
+            0.0,
+        )
     return path[0].tolist()
 
 
@@ -256,8 +261,9 @@ def zlab_generate(model, drafter, tokenizer, prompt, max_tokens: int, block_size
     from dflash import model_mlx
 
     tokens, cycles = [], []
-    for r in model_mlx.stream_generate(model, drafter, tokenizer, prompt, block_size=block_size,
-                                       max_tokens=max_tokens, temperature=0.0):
+    for r in model_mlx.stream_generate(
+        model, drafter, tokenizer, prompt, block_size=block_size, max_tokens=max_tokens, temperature=0.0
+    ):
         tokens += r.tokens
         if r.accepted is not None:
             cycles.append(r.accepted)
