@@ -20,7 +20,10 @@ def test_two_ranks_train_in_lockstep(tmp_path):
     launcher = shutil.which("mlx.launch", path=str(bindir)) or shutil.which("mlx.launch")
     if launcher is None:
         pytest.skip("mlx.launch is not installed")
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    # The checkout's packages, not whichever the venv has installed (the script's own
+    # folder, tests/, is what Python puts first on its path).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=path)
     proc = subprocess.run(
         [
             launcher,
