@@ -102,9 +102,9 @@ def generate(
         sys.stdout.write(last.text)
         sys.stdout.flush()
     print()
-    print("=" * 10)
-    if last is not None:
-        print(format_stats(last))
+    if last is not None:  # the stats go to stderr, as mlx_lm.generate's verbose output does
+        print("=" * 10, file=sys.stderr)
+        print(format_stats(last), file=sys.stderr)
 
 
 @app.command()

@@ -221,14 +221,12 @@ class Worker(ModelThread):
         self.pool = None
 
     def _options(self, req: CompletionRequest) -> DecodeOptions:
-        """The request's options as decoded. A seeded sampled request decodes with a fixed
-        block size: adaptive sizes depend on timings and would change which random numbers
-        go where, so the same seed would not give the same text. Unseeded sampled requests
-        get a fresh random seed (the generator is shared by all requests)."""
+        """The request's options as decoded. Unseeded sampled requests get a fresh random
+        seed (the text of a seed does not depend on the block sizes the loop picks)."""
         options = req.options
         if options.temp > 0 and options.seed is None:
             return replace(options, seed=secrets.randbits(63))
-        return options.fixed(self.draft) if options.temp > 0 else options
+        return options
 
     def _generate(self, job: Job) -> None:
         if job.cancelled.is_set():

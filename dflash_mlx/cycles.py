@@ -20,7 +20,7 @@ import mlx.core as mx
 from .cache import PromptCache
 from .drafter import Drafter
 from .rollback import Checkpoint
-from .sampling import SamplingParams, log_softmax
+from .sampling import SamplingParams, accept, log_softmax
 from .target import Target
 
 PREFILL_STEP = 2048
@@ -91,7 +91,7 @@ class Cycles:
             if progress:
                 progress(start + i + len(chunk), len(tokens))
         cache.remember()
-        return self._queue(0, self.target.lm_head(hidden[:, -1])[0])
+        return self._queue(0, self.target.lm_head(hidden[:, -1]), len(tokens))
 
     def plain(self, after: Cycle) -> Cycle:
         """Queue one target step on the last token of `after`, which may itself still be
@@ -104,13 +104,15 @@ class Cycles:
             token = mx.array(after.last)
         else:
             self._fed, token = after, after.queued
+        position = len(self.cache.tokens) + (self._fed is not None)  # of the token this step chooses
         hidden, features = self.target.forward(token.reshape(1, 1), self.cache.target, capture=capture)
         if capture:
             self.cache.pending.append(features)
-        return self._queue(1, self.target.lm_head(hidden)[0, -1])
+        return self._queue(1, self.target.lm_head(hidden)[0], position)
 
-    def _queue(self, size: int, logits: mx.array) -> Cycle:
-        token, logprobs = self.sampling.choose(logits), log_softmax(logits)
+    def _queue(self, size: int, logits: mx.array, position: int) -> Cycle:
+        """logits (1, V) choose the token at `position`."""
+        token, logprobs = self.sampling.choose(logits, position)[0], log_softmax(logits[0])
         mx.async_eval(token, logprobs)
         return Cycle(size, 0, [logprobs], queued=token)
 
@@ -124,8 +126,9 @@ class Cycles:
         # CPU, the head over a few more rows costs little beside the verify).
         width = max(size, drafter.config.block_size) if self.full_blocks else size
         block = mx.array([[token] + [drafter.config.mask_token_id] * (width - 1)])
-        draft = drafter.draft(block, cache.draft, target, self.sampling).first(size - 1)
-        drafts = draft.tokens
+        # The drafter and the verify choose block positions 1.. with the same draws.
+        draws = self.sampling.draws(len(cache.tokens) + 1)
+        drafts = drafter.draft(block, cache.draft, target, draws)[: size - 1]
         drafting = 0.0
         if self.profile:
             mx.eval(drafts)
@@ -137,7 +140,7 @@ class Cycles:
             mx.concatenate([block[0, :1], drafts])[None], cache.target, checkpoint=checkpoint
         )
         logits = target.lm_head(hidden)[0]
-        accepted, bonus = self.sampling.accept(draft, logits)
+        accepted, bonus = accept(drafts, draws.choose(logits))
         *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
         # Keep [token, accepted drafts] in the target cache; their features become context.
         checkpoint.rollback(size - accepted - 1)

@@ -5,8 +5,8 @@ SmolLM2, 15 rows x 49,152 tokens is two thirds of a 16-position draft). Nearly e
 accepted draft is one of a few thousand frequent tokens, so the drafter scores only
 those: the rows of the head for the subset ids are sliced once, and every other token
 gets -inf. Decoding stays lossless because the target still verifies with its full head:
-a token outside the subset is simply never proposed, and under sampling the draft
-distribution q is the softmax over the subset, which rejection sampling handles exactly.
+a token outside the subset is simply never proposed (under sampling the draft is a
+sample of the softmax over the subset), and acceptance only compares tokens.
 
 On disk: ``draft_vocab.json`` beside the drafter's weights, ``{"ids": [sorted ids],
 "eos_token_ids": [...], ...}``; present means used (``--draft-vocab none`` turns it off).

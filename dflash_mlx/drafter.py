@@ -18,7 +18,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from .sampling import Draft, SamplingParams
+from .sampling import Draws
 
 if TYPE_CHECKING:
     from .target import Target
@@ -318,10 +318,11 @@ class Drafter(nn.Module):
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(context, c)
 
-    def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", sampling: SamplingParams) -> Draft:
-        """The hook the decoding loop calls: draft tokens for block positions 1..B-1 of
-        `block` (1, B), and the distribution they were drawn from."""
-        return sampling.draft(self.propose(block, cache, target))
+    def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", draws: Draws) -> mx.array:
+        """The hook the decoding loop calls: draft tokens (B-1,) for block positions 1..B-1
+        of `block` (1, B), chosen by the target's rule (`draws`, positions from block
+        position 1 on) from the drafter's logits."""
+        return draws.choose(self.propose(block, cache, target))
 
     def propose(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
         """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B)."""

@@ -10,8 +10,8 @@
   each position's top-k candidates, scored by their logits plus a low-rank interaction
   between the token before (the predecessor: block token 0 for position 1) and the
   candidate, modulated by the position's hidden state. Under sampling, each position's
-  token is drawn from softmax(scores / temp) over its k candidates, and that is the q
-  that rejection sampling uses.
+  token is a sample of softmax(scores / temp) over its k candidates, drawn with the
+  noise the target chooses that position with (sampling.py), so that they often agree.
 
 Everything else (attention with injected context, sliding-window layers, masks, the
 draft vocabulary, the cache) is the v1 drafter's, imported from `drafter.py`.
@@ -29,7 +29,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from .drafter import DecoderLayer, Drafter, DrafterConfig
-from .sampling import Draft, SamplingParams
+from .sampling import Draws
 
 if TYPE_CHECKING:
     from .target import Target
@@ -143,28 +143,27 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = scale * mx.random.normal((cfg.vocab_size, cfg.selector_rank))
         self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
 
-    def select(
-        self, hidden: mx.array, logits: mx.array, anchor: mx.array, temp: float
-    ) -> tuple[mx.array, Optional[mx.array], mx.array]:
+    def select(self, hidden: mx.array, logits: mx.array, anchor: mx.array, draws: Draws) -> mx.array:
         """hidden (n, hidden) and logits (n, vocab) of block positions 1..n; anchor: block
-        token 0. Returns the path (n,), q (n, k) over the candidates (None when greedy:
-        the best-scoring path, one position at a time) and the candidates (n, k)."""
+        token 0. Returns the path (n,), one position at a time: the best-scoring candidate
+        when greedy, else the one whose tempered score plus the position's noise (the
+        noise the target chooses with) is highest, a sample of softmax(score / temp)."""
         candidates = mx.argpartition(-logits, self.top_k - 1, axis=-1)[:, : self.top_k]  # unordered
         unary = mx.take_along_axis(logits, candidates, axis=-1).astype(mx.float32)
         query = self.hidden_projection(hidden).astype(mx.float32)  # (n, rank)
         successors = self.successor_codebook[candidates].astype(mx.float32)  # (n, k, rank)
-        token, path, q = anchor, [], []
+        noise = None
+        if not draws.greedy:
+            noise = mx.take_along_axis(draws.noise(hidden.shape[0], logits.shape[-1]), candidates, axis=-1)
+        token, path = anchor, []
         for i in range(hidden.shape[0]):
             edges = successors[i] @ (self.predecessor_codebook[token].astype(mx.float32) * query[i])  # (k,)
             scores = unary[i] + edges
-            if temp == 0:
-                choice = mx.argmax(scores)
-            else:
-                q.append(mx.softmax(scores / temp))
-                choice = mx.random.categorical(scores / temp)
-            token = candidates[i, choice]
+            if noise is not None:
+                scores = scores / draws.temp + noise[i]
+            token = candidates[i, mx.argmax(scores)]
             path.append(token)
-        return mx.stack(path), (mx.stack(q) if q else None), candidates
+        return mx.stack(path)
 
 
 class Drafter2(Drafter):
@@ -180,9 +179,8 @@ class Drafter2(Drafter):
         super().__init__(config)
         self.candidate_selector = CandidateSelector(config)
 
-    def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", sampling: SamplingParams) -> Draft:
-        """Draft positions 1..B-1 of `block` (1, B) along the selector's path; q is over
-        each position's candidates (z-lab's: temperature only, no top-p / top-k)."""
+    def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", draws: Draws) -> mx.array:
+        """Draft positions 1..B-1 of `block` (1, B) along the selector's path (z-lab's
+        sampling: temperature only, no top-p / top-k)."""
         h = self.hidden(block, cache, target)
-        tokens, probs, candidates = self.candidate_selector.select(h, self.head(h, target), block[0, 0], sampling.temp)
-        return Draft(tokens, probs, None if probs is None else candidates)
+        return self.candidate_selector.select(h, self.head(h, target), block[0, 0], draws)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
 from .kernels import metal_ready
-from .sampling import SamplingParams
+from .sampling import SamplingParams, fresh_seed
 
 __all__ = ["DecodeOptions", "OptionError"]
 
@@ -62,7 +62,7 @@ class DecodeOptions:
     temp: float = option(0.0, NON_NEGATIVE, "sampling temperature; 0: greedy")
     top_p: float = option(1.0, PROBABILITY, "nucleus sampling threshold; 1: off")
     top_k: int = option(0, COUNT, "sample among the k most likely tokens; 0: off")
-    seed: Optional[int] = option(None, SEED, "seed of MLX's random generator; None: leave it as it is")
+    seed: Optional[int] = option(None, SEED, "seed of the random draws (keyed by position); None: a fresh one")
     block_size: Optional[int] = option(None, BLOCK, "tokens verified per cycle, at most the drafter's; None: adaptive")
     kernels: Optional[bool] = option(None, SWITCH, "the custom Metal kernels; None: on where they run (Apple GPUs)")
     profile: bool = option(False, FLAG, "time drafting apart from verifying (one more host sync per cycle)")
@@ -84,8 +84,9 @@ class DecodeOptions:
 
     @property
     def sampling(self) -> SamplingParams:
-        """What the loop samples and accepts with."""
-        return SamplingParams(self.temp, self.top_p, self.top_k)
+        """What the loop samples and accepts with. Without a seed each call draws a fresh
+        one from MLX's global generator (so `mx.random.seed` still makes runs repeatable)."""
+        return SamplingParams(self.temp, self.top_p, self.top_k, fresh_seed() if self.seed is None else self.seed)
 
     @property
     def use_kernels(self) -> bool:

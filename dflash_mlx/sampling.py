@@ -1,16 +1,30 @@
-"""Sampling and acceptance: greedy, and lossless speculative (rejection) sampling.
+"""Sampling and acceptance: one rule for greedy and sampled decoding.
 
-Filters follow mlx-lm's `make_sampler`: top-p, then top-k, on the untempered
-log-probabilities, then the temperature. Draft and target distributions go through the
-same filters, which keeps rejection sampling exact for the filtered target distribution.
+The token at sequence position t is the argmax of its scores: the target's logits when
+greedy; else the filtered, tempered log-probabilities (mlx-lm's `make_sampler` order:
+top-p, then top-k, on the untempered log-probabilities, then the temperature) plus Gumbel
+noise drawn from a key made of (seed, t) alone, which is an exact sample of that
+distribution (the Gumbel-max trick).
+
+The drafter proposes by the same rule with the same noise, and a draft is accepted when
+it equals the target's own choice at its position. Two things follow:
+- the committed tokens do not depend on the drafts, the block size or the tree: the same
+  seed gives the same text for any of them, and for the target alone through this loop;
+- each committed token is an exact sample of the target's distribution given the tokens
+  before it, because the noise at t is independent of everything that decided the prefix.
+Sharing the noise couples draft and target: a draft distribution q close to the target's
+p agrees with it about as often as rejection sampling would accept (for two candidate
+tokens exactly as often: 1 - TV(p, q)), with no residual distribution to sample from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Optional, Sequence
 
 import mlx.core as mx
+
+_MASK64 = (1 << 64) - 1
 
 
 def filter_logprobs(logprobs: mx.array, top_p: float = 1.0, top_k: int = 0) -> mx.array:
@@ -39,66 +53,37 @@ def probabilities(logits: mx.array, temp: float, top_p: float = 1.0, top_k: int 
     return mx.softmax(filter_logprobs(log_softmax(logits), top_p, top_k) / temp, axis=-1)
 
 
-def sample(probs: mx.array) -> mx.array:
-    """One token per row of a probability matrix."""
-    return mx.random.categorical(mx.log(probs), axis=-1)
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit integers that scrambles every bit."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
-def greedy_accept(drafts: mx.array, target_logits: mx.array) -> tuple[mx.array, mx.array]:
-    """drafts (B-1,), target_logits (B, V) over [last, drafts...]. Returns (accepted
-    count a, the target's token after the a accepted drafts)."""
-    posterior = mx.argmax(target_logits, axis=-1)
-    a = mx.cumprod((drafts == posterior[:-1]).astype(mx.int32)).sum()
-    return a, posterior[a]
+def position_keys(seed: int, start: int, n: int) -> mx.array:
+    """PRNG keys (n, 2) for positions start .. start + n - 1 of a generation seeded `seed`."""
+    base = _mix64(seed & _MASK64)
+    keys = [_mix64(base ^ t) for t in range(start, start + n)]
+    return mx.array([[k >> 32, k & 0xFFFFFFFF] for k in keys], dtype=mx.uint32)
 
 
-def speculative_accept(drafts: mx.array, draft_probs: mx.array, target_probs: mx.array
-                       ) -> tuple[mx.array, mx.array]:
-    """Rejection sampling (Leviathan et al.; Chen et al.): accept draft k with probability
-    min(1, p/q); at the first rejection sample from norm(max(p - q, 0)); after a fully
-    accepted block sample from p. The committed tokens are distributed exactly as p."""
-    rows = mx.arange(drafts.shape[0])
-    p = target_probs[rows, drafts]
-    q = draft_probs[rows, drafts]
-    accept = mx.random.uniform(shape=p.shape) * q < p
-    a = mx.cumprod(accept.astype(mx.int32)).sum()
-    residual = mx.maximum(target_probs[:-1] - draft_probs, 0)
-    residual = mx.concatenate([residual, target_probs[-1:]], axis=0)
-    total = residual.sum(axis=-1, keepdims=True)
-    # p == q leaves nothing to resample; such a row is never rejected, so any fallback is exact.
-    residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), target_probs)
-    return a, sample(residual)[a]
-
-
-class Draft(NamedTuple):
-    """A drafter's proposal for one block: what acceptance needs to know about it."""
-
-    tokens: mx.array  # (B-1,) the drafted tokens
-    probs: Optional[mx.array] = None  # q, each token's distribution; None: greedy drafts
-    # q's columns: None for the whole vocabulary (B-1, V); else the token ids (B-1, k) of
-    # the k candidates q is over (DFlash2's selector drafts among each position's top k)
-    indices: Optional[mx.array] = None
-
-    def first(self, n: int) -> "Draft":
-        """The proposal for the first `n` drafted positions only."""
-        return Draft(*(None if x is None else x[:n] for x in self))
-
-    def dense_probs(self, vocab_size: int) -> mx.array:
-        """q over the whole vocabulary (B-1, V): zero outside the candidates."""
-        if self.indices is None:
-            return self.probs
-        zeros = mx.zeros((self.probs.shape[0], vocab_size), dtype=self.probs.dtype)
-        return mx.put_along_axis(zeros, self.indices, self.probs, axis=-1)
+def fresh_seed() -> int:
+    """A seed drawn from MLX's global generator (so `mx.random.seed` makes runs repeatable)."""
+    hi, lo = mx.random.randint(0, 2**31, shape=(2,)).tolist()
+    return (hi << 31) | lo
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are picked: greedy at `temp == 0`, else sampled from the filtered,
-    tempered distribution. The one place the loop's greedy-or-sample decision is made."""
+    tempered distribution with noise keyed by (`seed`, position). The one place the
+    loop's greedy-or-sample decision is made."""
 
     temp: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    seed: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -108,23 +93,58 @@ class SamplingParams:
         """The distribution sampling draws from (not used when greedy)."""
         return probabilities(logits, self.temp, self.top_p, self.top_k)
 
-    def choose(self, logits: mx.array) -> mx.array:
-        """One token per row of logits."""
-        return mx.argmax(logits, axis=-1) if self.greedy else sample(self.probs(logits))
+    def draws(self, start: int) -> "Draws":
+        """The choices of the tokens at positions start, start + 1, ..."""
+        return Draws(self, start)
 
-    def draft(self, logits: mx.array) -> Draft:
-        """Draft tokens per row of draft logits, and the distribution they came from
-        (None when greedy: acceptance then only compares tokens)."""
+    def choose(self, logits: mx.array, start: int) -> mx.array:
+        """Tokens (n,) for logits (n, V) whose rows choose positions start .. start + n - 1."""
+        return self.draws(start).choose(logits)
+
+
+class Draws:
+    """The choices of consecutive positions from `start`. The noise is made once (lazily)
+    and shared by everyone who chooses there in a cycle: the drafter and the target."""
+
+    def __init__(self, params: SamplingParams, start: int):
+        self.params, self.start = params, start
+        self._noise: Optional[mx.array] = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    @property
+    def temp(self) -> float:
+        return self.params.temp
+
+    def noise(self, n: int, vocab: int) -> mx.array:
+        """Gumbel noise (n, vocab) of positions start .. start + n - 1."""
+        if self._noise is None or self._noise.shape[0] < n or self._noise.shape[1] != vocab:
+            keys = position_keys(self.params.seed, self.start, n)
+            self._noise = mx.vmap(lambda key: mx.random.gumbel(shape=(vocab,), key=key))(keys)
+        return self._noise[:n]
+
+    def scores(self, logits: mx.array, rows: Optional[Sequence[int]] = None) -> mx.array:
+        """Scores (n, V) whose argmax is the choice: logits when greedy, else the filtered
+        tempered log-probabilities plus the noise of each row's position (row i of logits
+        is position start + i, or start + rows[i] when `rows` is given)."""
         if self.greedy:
-            return Draft(mx.argmax(logits, axis=-1))
-        probs = self.probs(logits)
-        return Draft(sample(probs), probs)
+            return logits
+        p = self.params
+        scores = filter_logprobs(log_softmax(logits), p.top_p, p.top_k) / p.temp
+        if rows is None:
+            return scores + self.noise(logits.shape[0], logits.shape[-1])
+        return scores + self.noise(max(rows) + 1, logits.shape[-1])[mx.array(rows)]
 
-    def accept(self, draft: Draft, target_logits: mx.array) -> tuple[mx.array, mx.array]:
-        """(accepted draft count, the target's next token): greedy comparison, or
-        lossless rejection sampling when the drafts were sampled (q zero outside a
-        draft's candidates, so the residual max(p - q, 0) differs from p only there)."""
-        if draft.probs is None:
-            return greedy_accept(draft.tokens, target_logits)
-        q = draft.dense_probs(target_logits.shape[-1])
-        return speculative_accept(draft.tokens, q, self.probs(target_logits))
+    def choose(self, logits: mx.array, rows: Optional[Sequence[int]] = None) -> mx.array:
+        """One token per row of logits (see `scores`)."""
+        return mx.argmax(self.scores(logits, rows), axis=-1)
+
+
+def accept(drafts: mx.array, choices: mx.array) -> tuple[mx.array, mx.array]:
+    """drafts (b-1,), choices (b,): the target's choice after [last, drafts...]. Returns
+    (accepted count a: the drafts that agree before the first that does not, the target's
+    token after them)."""
+    a = mx.cumprod((drafts == choices[:-1]).astype(mx.int32)).sum()
+    return a, choices[a]

@@ -91,8 +91,6 @@ def generate_step(
     stats.block_size, stats.adaptive = limit, policy is not None
     sizes = _Sizes(policy, limit, draft_model is not None, max_tokens)
     clock = _Clock(stats, policy)
-    if options.seed is not None:
-        mx.random.seed(options.seed)
     start = stats.prompt_cached = cycles.cache.reuse(prompt, with_drafter=draft_model is not None)
     done = cycles.prefill(prompt, start, prompt_progress_callback)
     produced = 1
