@@ -22,11 +22,14 @@ import pytest
 from dflash_mlx import load_draft
 from dflash_mlx.drafters import build_drafter
 from dflash_mlx.drafter2 import Drafter2
+from dflash_mlx.sampling import SamplingParams
 
 from conftest import SMOLLM2
 from test_reference_parity import CONFIGS as V1_CONFIGS
 from test_reference_parity import _chat, _ours_generate, _step_inputs
 from zlab_run import zlab_generate
+
+GREEDY = SamplingParams().draws(0)  # greedy choices: positions do not matter
 
 try:
     import zlab_reference as zr
@@ -74,7 +77,7 @@ def _run_ours(drafter: Drafter2, steps, lm_head):
         drafter.append_context(mx.array(features), cache)
         h = drafter(mx.array(emb), cache)
         logits = h @ head.T
-        path, _, _ = drafter.candidate_selector.select(h[0, 1:], logits[0, 1:], mx.array(anchor), 0.0)
+        path = drafter.candidate_selector.select(h[0, 1:], logits[0, 1:], mx.array(anchor), GREEDY)
         out.append((np.array(h), np.array(logits), path.tolist()))
     return out
 
@@ -178,7 +181,6 @@ def test_first_draft_equals_zlab_mlx_on_the_real_target(default_model, smol2_dra
     of a prompt, then of 3 more tokens; the selector moves the path off the argmax."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from dflash_mlx.sampling import SamplingParams
     from dflash_mlx.targets import make_target
 
     model, tokenizer = default_model
@@ -192,7 +194,7 @@ def test_first_draft_equals_zlab_mlx_on_the_real_target(default_model, smol2_dra
     for lo, hi in ((0, len(tokens) - 4), (len(tokens) - 4, len(tokens) - 1)):
         block = mx.array([[tokens[hi]] + [4] * 7])  # the token after the context, then masks
         ours.append_context(features[:, lo:hi], our_cache)
-        got = ours.draft(block, our_cache, target, SamplingParams()).tokens.tolist()
+        got = ours.draft(block, our_cache, target, GREEDY).tolist()
         want, _, _ = theirs.propose(block, features[:, lo:hi], their_cache, 0.0, logits_start=1)
         assert got == want[0].tolist()
         off_argmax += got != mx.argmax(ours.propose(block, our_cache, target), axis=-1).tolist()

@@ -23,6 +23,8 @@ from dflash_mlx.train.initialize import init_from
 from dflash_mlx.train.loop import TrainArgs, Trainer
 from dflash_mlx.train.objective import block_forward, loss_fn, selector_loss
 
+GREEDY = SamplingParams().draws(0)  # greedy choices: positions do not matter
+
 #: DFlash2 training fields for the tiny target (hidden 32: four groups of 8 channels).
 TINY2 = dict(arch="dflash2", conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=4)
 #: and for the default target (hidden 576).
@@ -71,7 +73,7 @@ def test_teacher_forced_picks_are_the_inference_path():
     rng = np.random.default_rng(1)
     hidden = mx.array(rng.normal(size=(6, 8)).astype(np.float32))
     logits = mx.array(rng.normal(size=(6, 40)).astype(np.float32))
-    path, _, _ = sel.select(hidden, logits, mx.array(11), 0.0)
+    path = sel.select(hidden, logits, mx.array(11), GREEDY)
     predecessors = mx.concatenate([mx.array([11]), path[:-1]])
     _, pick = selector_loss(sel, hidden[None], logits[None], predecessors[None], path[None])
     assert pick[0].tolist() == path.tolist()
@@ -149,8 +151,7 @@ def real_block(model, tokenizer, drafter):
     drafter.append_context(feats[:, :-1], cache)
     block = mx.array([[prompt[-1]] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
     hidden = drafter.hidden(block, cache, target)
-    draft = drafter.draft(block, cache, target, SamplingParams())
-    return hidden, draft.tokens
+    return hidden, drafter.draft(block, cache, target, GREEDY)
 
 
 def test_dflash2_from_v1_drafts_exactly_as_v1(default_model):
