@@ -45,8 +45,19 @@ def test_same_seed_same_text_at_any_block_size(default_model):
 
 
 def test_cli_seeded_text_equals_no_draft(default_model_dir):
-    base = ["generate", "--prompt", "Name three colours.", "--model", str(default_model_dir),
-            "--temp", "0.8", "--seed", "1", "--max-tokens", "16"]
+    base = [
+        "generate",
+        "--prompt",
+        "Name three colours.",
+        "--model",
+        str(default_model_dir),
+        "--temp",
+        "0.8",
+        "--seed",
+        "1",
+        "--max-tokens",
+        "16",
+    ]
     drafted = CliRunner().invoke(app, base)
     alone = CliRunner().invoke(app, base + ["--no-draft"])
     assert drafted.exit_code == 0 and alone.exit_code == 0, (drafted.output, alone.output)
