@@ -222,8 +222,10 @@ class ChatApp(SlashCommands, App):
                 self.state = "loading"
             panel.progress(None, None)
             self.refresh_stats(event.text)
-        elif isinstance(event, Loaded):
+        elif isinstance(event, Loaded):  # a new model: a new conversation
             self.model_name, self.draft_name = event.model, event.draft
+            self.session.messages.clear()
+            self.last = None
             self.sub_title = event.model + (f" + {event.draft}" if event.draft else "")
             await self.note(
                 f"Loaded {event.model}" + (f" with {event.draft}." if event.draft else " (no drafter: target-only).")
@@ -241,6 +243,11 @@ class ChatApp(SlashCommands, App):
                 self.sub_title = "no model loaded"
                 panel.hide_progress()
                 self.refresh_stats("/load [MODEL] [DRAFT] to try again")
+            elif event.stage == "reload":  # the models there were are still loaded
+                panel.hide_progress()
+                if not self.busy:
+                    self.state = "ready"
+                self.refresh_stats()
             elif event.stage == "generate" and self.reply is not None:
                 await self.end_reply("error", None)
         elif isinstance(event, Cleared):

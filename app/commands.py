@@ -105,10 +105,8 @@ class SlashCommands:
             await self.note("Press Esc to stop the reply before /load.", "error")
             return
         model, _, draft = arg.partition(" ")
+        # The conversation and the model there is stay until the new one has loaded (`Loaded`).
         self.model_path, self.draft_path = model or None, draft.strip() or None
-        self.model_name = self.draft_name = None
-        self.session.messages.clear()
-        self.last = None
         if self.engine is not None:
             self.engine.load(self.model_path, self.draft_path, self.draft_vocab)
 

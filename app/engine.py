@@ -212,23 +212,28 @@ class Engine(ModelThread):
         self.cache = None
 
     def _do_load(self, model_path: str | None, draft_path: str | None, draft_vocab: str | None = None) -> None:
-        self.forget()
+        """Load a target and its drafter. The models there were stay until both are loaded:
+        a failed load keeps them (stage "reload"), or reports "load" when there were none."""
         model_name = model_path or DEFAULT_MODEL_NAME
+        kept = self.model is not None
         self._emit(Status(f"target {model_name} …"))
         try:
-            self.load_target(model_path)
+            model, tokenizer = self.load_target(model_path)
         except Exception as exc:
-            self._emit(Failed(f"Could not load model {model_name}: {describe_error(exc)}", "load"))
+            message = f"Could not load model {model_name}: {describe_error(exc)}"
+            self._emit(Failed(message + ("; keeping the current model." if kept else ""), "reload" if kept else "load"))
             return
         self._emit(Status(f"drafter: {draft_path or f'default drafter for {model_name}'} …"))
+        draft, note = None, None
         try:
-            self.load_drafter(draft_path, draft_vocab)  # draft_vocab: "none", a draft_vocab.json, or None
+            draft = self.load_drafter(draft_path, draft_vocab, model)  # draft_vocab: "none", a draft_vocab.json, or None
         except Exception as exc:
-            message = f"Drafter unavailable ({describe_error(exc)}); continuing with target-only decoding."
-            self._emit(Failed(message, "draft"))
-            self._emit(Loaded(model_name, None))
-            return
-        self._emit(Loaded(model_name, draft_path or "default drafter"))
+            note = f"Drafter unavailable ({describe_error(exc)}); continuing with target-only decoding."
+        self.forget()
+        self.model, self.tokenizer, self.draft = model, tokenizer, draft
+        if note:
+            self._emit(Failed(note, "draft"))
+        self._emit(Loaded(model_name, (draft_path or "default drafter") if draft is not None else None))
 
     def _do_clear(self) -> None:
         self.cache = None

@@ -192,9 +192,9 @@ class Worker(ModelThread):
             self.ready.set()
 
     def _load(self) -> None:
-        self.load_target(self.model_ref)
+        self.model, self.tokenizer = self.load_target(self.model_ref)
         if not self.no_draft:
-            self.load_drafter(self.draft_ref, self.draft_vocab)
+            self.draft = self.load_drafter(self.draft_ref, self.draft_vocab, self.model)
         self.options.block_limit(self.draft)  # a --block-size the drafter cannot verify fails the start
         self.pool = CachePool(lambda: self.backend.make_prompt_cache(self.model, self.draft), self.cache_slots)
         args = getattr(self.model, "args", None)

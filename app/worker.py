@@ -32,7 +32,7 @@ class Failed:
     """Something failed on the model's thread; `message` is one line."""
 
     message: str
-    stage: str = "generate"  # "load" | "draft" | "generate"
+    stage: str = "generate"  # "load" | "reload" (the models there were are kept) | "draft" | "generate"
 
 
 class Cancelled(Exception):
@@ -109,11 +109,13 @@ class ModelThread:
                 self.failed(item, describe_error(exc))
         self.forget()
 
-    def load_target(self, ref: Optional[str]) -> None:
-        self.model, self.tokenizer = self.backend.load(ref)
+    def load_target(self, ref: Optional[str]) -> tuple[Any, Any]:
+        """(model, tokenizer) of `ref` (None: the default model); the thread's are untouched."""
+        return self.backend.load(ref)
 
-    def load_drafter(self, ref: Optional[str], draft_vocab: Optional[str]) -> None:
-        self.draft = self.backend.load_draft(ref, model=self.model, draft_vocab=draft_vocab)
+    def load_drafter(self, ref: Optional[str], draft_vocab: Optional[str], model: Any) -> Any:
+        """The drafter `ref` (None: the default for `model`), checked against `model`."""
+        return self.backend.load_draft(ref, model=model, draft_vocab=draft_vocab)
 
     def decode(
         self,

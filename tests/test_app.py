@@ -216,6 +216,29 @@ async def test_model_not_found_shows_message_and_app_stays_usable():
 
 
 @run_async
+async def test_failed_load_keeps_the_working_model():
+    """`/load /nonexistent` after a good load: one error line, the model that was there
+    stays loaded (the next message is answered by it), and a later good /load works."""
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        backend.load_error = FileNotFoundError("no such model: /nonexistent")
+        await say(pilot, "/load /nonexistent")
+        await until(pilot, lambda: notes(app, "error"))
+        [error] = notes(app, "error")
+        assert "Could not load model /nonexistent" in error and "keeping the current model" in error
+        await until(pilot, lambda: app.state == "ready")
+        assert app.model_name is not None and "no model" not in app.sub_title
+        await answered(pilot, "and again?")
+        assert [m["role"] for m in app.messages] == ["user", "assistant", "user", "assistant"]
+        backend.load_error = None
+        await say(pilot, "/load")
+        await until(pilot, lambda: len(notes(app)) and "Loaded" in notes(app)[-1])
+        await answered(pilot, "still there?")
+
+
+@run_async
 async def test_drafter_misfit_falls_back_to_target_only():
     backend = FakeBackend([REPLY], draft_error=ValueError("drafter hidden size 1024 does not match the target's 576"))
     app = make_app(backend)
