@@ -226,7 +226,7 @@ class Engine(ModelThread):
         self._emit(Status(f"drafter: {draft_path or f'default drafter for {model_name}'} …"))
         draft, note = None, None
         try:
-            draft = self.load_drafter(draft_path, draft_vocab, model)  # draft_vocab: "none", a draft_vocab.json, or None
+            draft = self.load_drafter(draft_path, draft_vocab, model)  # draft_vocab: "none", a file, or None
         except Exception as exc:
             note = f"Drafter unavailable ({describe_error(exc)}); continuing with target-only decoding."
         self.forget()
