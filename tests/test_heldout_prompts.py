@@ -1,0 +1,31 @@
+"""The held-out prompt sets shipped in assets/prompts/ (issue 22: every number in README and
+BENCHMARKS comes from a command that works on a clone): the 40 prompts the shipped drafter's
+data kept out of training (`data/smollm2/heldout.jsonl` as `dflash data` first wrote it),
+one file per kind plus all 40 together, each record with its kind in a `set` field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dflash_mlx.messages import read_prompt_file
+from dflash_mlx.train.prompts import collect_prompts
+
+PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
+KINDS = {"chat": "chat", "code": "humaneval", "math": "math", "stdlib": "stdlib"}
+
+
+def test_shipped_heldout_sets_stay_out_of_training():
+    """No held-out prompt (by id or by text) is among the prompts `dflash data` trains on
+    with its default sources, and each kind's file holds its 10 prompts."""
+    shipped = [json.loads(line) for line in (PROMPTS / "heldout.jsonl").read_text().splitlines()]
+    assert len(shipped) == 40 and len({r["id"] for r in shipped}) == 40
+    ids = {r["id"] for r in shipped}
+    train = [p for p in collect_prompts(["chat", "math", "stdlib", "humaneval"], seed=0) if p["id"] not in ids]
+    texts = {p["messages"][-1]["content"] for p in train}
+    assert not [r["id"] for r in shipped if r["messages"][-1]["content"] in texts]
+    for kind, source in KINDS.items():
+        records = [json.loads(line) for line in (PROMPTS / f"heldout_{kind}.jsonl").read_text().splitlines()]
+        assert len(records) == 10 and {r["set"] for r in records} == {kind}
+        assert {r["source"] for r in records} == {source}
+        assert len(read_prompt_file(PROMPTS / f"heldout_{kind}.jsonl")) == 10  # what bench and eval read
