@@ -85,8 +85,11 @@ class DrafterConfig:
         `mask_token_id` may sit at the top level or under `dflash_config`."""
         c = dict(config)
         dflash = c.pop("dflash_config", None) or {}
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                               "intermediate_size", "vocab_size") if k not in c]
+        missing = [
+            k
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+            if k not in c
+        ]
         if missing:
             raise ValueError(f"drafter config.json lacks {', '.join(missing)}")
         n_layers = c["num_hidden_layers"]
@@ -104,7 +107,11 @@ class DrafterConfig:
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = rope_params
         known = {f for f in cls.__dataclass_fields__} | {
-            "dflash_config", "rope_parameters", "architectures", "model_type"}
+            "dflash_config",
+            "rope_parameters",
+            "architectures",
+            "model_type",
+        }
         return cls(
             hidden_size=c["hidden_size"],
             num_hidden_layers=n_layers,
@@ -153,11 +160,13 @@ class DrafterConfig:
             tie_word_embeddings=False,
             block_size=self.block_size,
             num_target_layers=self.num_target_layers,
-            dflash_config={"mask_token_id": self.mask_token_id,
-                           "target_layer_ids": list(self.target_layer_ids)},
+            dflash_config={"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
         )
-        for name, off in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
-                          ("final_logit_softcapping", None)):
+        for name, off in (
+            ("input_embedding_scale", 1.0),
+            ("output_multiplier", 1.0),
+            ("final_logit_softcapping", None),
+        ):
             if getattr(self, name) != off:
                 out["dflash_config"][name] = getattr(self, name)
         if any(t != "full_attention" for t in self.layer_types):
@@ -176,8 +185,7 @@ def check_fit(config: DrafterConfig, *, num_layers: int, hidden_size: int, vocab
     if config.hidden_size != hidden_size:
         raise ValueError(f"drafter hidden_size {config.hidden_size} != target hidden_size {hidden_size}")
     if config.num_target_layers != num_layers:
-        raise ValueError(
-            f"drafter num_target_layers {config.num_target_layers} != target's {num_layers} layers")
+        raise ValueError(f"drafter num_target_layers {config.num_target_layers} != target's {num_layers} layers")
     bad = [i for i in config.target_layer_ids if not 0 <= i < num_layers]
     if bad:
         raise ValueError(f"drafter target_layer_ids {bad} out of range for a {num_layers}-layer target")
@@ -199,8 +207,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * hd, cfg.hidden_size, bias=bias)
         self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
-        self.rope = initialize_rope(hd, cfg.rope_theta, False, cfg.rope_scaling,
-                                    cfg.max_position_embeddings)
+        self.rope = initialize_rope(hd, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
 
     def _heads(self, x: mx.array, n: int) -> mx.array:
         B, L, _ = x.shape
@@ -216,8 +223,9 @@ class Attention(nn.Module):
         """Project new context tokens once; they sit at their own positions."""
         cache.update_and_fetch(*self.context_kv(context, cache.offset))
 
-    def __call__(self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array,
-                 mask: Optional[mx.array]) -> mx.array:
+    def __call__(
+        self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
+    ) -> mx.array:
         """x: (N, B, hidden) blocks at positions offset .. offset+B-1 (`offset` an int or an
         (N,) array, one per block); context: keys and values (N, kv_heads, L, head_dim)."""
         N, L, _ = x.shape
@@ -249,8 +257,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array,
-                 mask: Optional[mx.array]) -> mx.array:
+    def __call__(
+        self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
+    ) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), context, offset, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -23,6 +23,7 @@ SLOW_MODULES = {
     "test_lossless.py",
     "test_cache_reuse.py",
     "test_sampling.py",
+    "test_draws.py",
     "test_reference_parity.py",
     "test_dflash2_parity.py",
     "test_bench.py",

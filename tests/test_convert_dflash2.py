@@ -18,11 +18,35 @@ from dflash_mlx.sampling import SamplingParams
 GREEDY = SamplingParams().draws(0)  # greedy choices: positions do not matter
 
 try:
-    from convert_helpers import (HIDDEN, assert_fails, assert_ok, block_inputs, cli, drafter2_config,
-                                 drafter_config, mlx_logits, write_numpy_checkpoint, zlab_shapes, zr, zrun)
+    from convert_helpers import (
+        HIDDEN,
+        assert_fails,
+        assert_ok,
+        block_inputs,
+        cli,
+        drafter2_config,
+        drafter_config,
+        mlx_logits,
+        write_numpy_checkpoint,
+        zlab_shapes,
+        zr,
+        zrun,
+    )
 except ImportError:  # tests/ imported as a package
-    from tests.convert_helpers import (HIDDEN, assert_fails, assert_ok, block_inputs, cli, drafter2_config,
-                                       drafter_config, mlx_logits, write_numpy_checkpoint, zlab_shapes, zr, zrun)
+    from tests.convert_helpers import (
+        HIDDEN,
+        assert_fails,
+        assert_ok,
+        block_inputs,
+        cli,
+        drafter2_config,
+        drafter_config,
+        mlx_logits,
+        write_numpy_checkpoint,
+        zlab_shapes,
+        zr,
+        zrun,
+    )
 
 CODEBOOK = "candidate_selector.predecessor_codebook"
 
@@ -46,8 +70,10 @@ def test_convert_and_load(src, out, config):
     assert_ok(cli("convert", src, out))
     saved = json.loads((out / "config.json").read_text())
     assert saved["architectures"] == ["DFlash2DraftModel"]
-    assert {k: saved["dflash_config"][k] for k in ("conv_kernel_size", "selector_top_k")} == \
-        {"conv_kernel_size": 2, "selector_top_k": 8}
+    assert {k: saved["dflash_config"][k] for k in ("conv_kernel_size", "selector_top_k")} == {
+        "conv_kernel_size": 2,
+        "selector_top_k": 8,
+    }
     draft = dflash_mlx.load_draft(out)
     assert isinstance(draft, Drafter2) and draft.config.conv_group_size == 64
     assert draft.candidate_selector.predecessor_codebook.shape == (config["vocab_size"], 16)
@@ -68,13 +94,16 @@ def test_torch_state_dict_names_load(tmp_path, config, out):
     assert_fails(cli("convert", both, tmp_path / "o2"), tmp_path / "o2", CODEBOOK, "both")
 
 
-@pytest.mark.parametrize("change,needle", [
-    ({"dflash_config": {"selector_top_k": None}}, "lacks dflash_config.selector_top_k"),
-    ({"dflash_config": {"conv_group_size": 100}}, f"conv_group_size 100 does not divide hidden_size {HIDDEN}"),
-    ({"dflash_config": {"selector_rank": 0}}, "selector_rank must be a positive integer"),
-    ({"dflash_config": {"selector_top_k": 10**6}}, "selector_top_k 1000000 exceeds vocab_size"),
-    ({"architectures": ["DFlashDraftModel"]}, "sets conv_kernel_size, a DFlash2 field"),
-])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"dflash_config": {"selector_top_k": None}}, "lacks dflash_config.selector_top_k"),
+        ({"dflash_config": {"conv_group_size": 100}}, f"conv_group_size 100 does not divide hidden_size {HIDDEN}"),
+        ({"dflash_config": {"selector_rank": 0}}, "selector_rank must be a positive integer"),
+        ({"dflash_config": {"selector_top_k": 10**6}}, "selector_top_k 1000000 exceeds vocab_size"),
+        ({"architectures": ["DFlashDraftModel"]}, "sets conv_kernel_size, a DFlash2 field"),
+    ],
+)
 def test_config_errors(src, out, config, change, needle):
     sub = {k: v for k, v in {**config["dflash_config"], **change.get("dflash_config", {})}.items() if v is not None}
     (src / "config.json").write_text(json.dumps({**config, **change, "dflash_config": sub}))
@@ -86,10 +115,16 @@ def test_config_errors(src, out, config, change, needle):
 def test_tensor_errors(tmp_path, config, out):
     missing = write_numpy_checkpoint(tmp_path / "a", config, drop=["layers.0.mlp_conv.base_kernel"])
     assert_fails(cli("convert", missing, out), out, "lacks tensor layers.0.mlp_conv.base_kernel")
-    wrong = write_numpy_checkpoint(tmp_path / "b", config,
-                                   shapes={"layers.0.attention_conv.kernel_projection.weight": (18, HIDDEN)})
-    assert_fails(cli("convert", wrong, out), out, "layers.0.attention_conv.kernel_projection.weight",
-                 f"(18, {HIDDEN})", f"(36, {HIDDEN})")
+    wrong = write_numpy_checkpoint(
+        tmp_path / "b", config, shapes={"layers.0.attention_conv.kernel_projection.weight": (18, HIDDEN)}
+    )
+    assert_fails(
+        cli("convert", wrong, out),
+        out,
+        "layers.0.attention_conv.kernel_projection.weight",
+        f"(18, {HIDDEN})",
+        f"(36, {HIDDEN})",
+    )
 
 
 @pytest.mark.skipif(not zr.ZLAB_AVAILABLE, reason="torch + dflash==0.1.0 not installed")

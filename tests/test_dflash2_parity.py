@@ -49,13 +49,33 @@ MASK = VOCAB - 1
 
 CONFIGS = {
     "2 layers, kernel 2, group 16, top 4": dict(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-        intermediate_size=96, block_size=8, num_target_layers=6, target_layer_ids=[1, 3],
-        rope_theta=10_000.0),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        block_size=8,
+        num_target_layers=6,
+        target_layer_ids=[1, 3],
+        rope_theta=10_000.0,
+    ),
     "kernel 3, group 8, top 12, rank 16": dict(
-        hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4, head_dim=16,
-        intermediate_size=128, block_size=16, num_target_layers=8, target_layer_ids=[3],
-        rope_theta=1_000_000.0, conv_kernel_size=3, conv_group_size=8, selector_top_k=12, selector_rank=16),
+        hidden_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=16,
+        intermediate_size=128,
+        block_size=16,
+        num_target_layers=8,
+        target_layer_ids=[3],
+        rope_theta=1_000_000.0,
+        conv_kernel_size=3,
+        conv_group_size=8,
+        selector_top_k=12,
+        selector_rank=16,
+    ),
     # v1's sliding-window cases (the convolutions and selector come with the DFlash2 defaults)
     **{name: V1_CONFIGS[name] for name in ("sliding window 6, causal", "sliding window 5 < block, bidirectional")},
 }
@@ -127,9 +147,20 @@ SMOL_IDS = [2, 14, 27]  # as in test_reference_parity: z-lab hooks a target only
 
 def _smol2_config(mask_token_id: int) -> dict:
     return zr.zlab2_config(
-        **SMOLLM2, num_layers=1, num_heads=9, num_kv_heads=3, head_dim=64, intermediate_size=256,
-        block_size=8, target_layer_ids=SMOL_IDS, mask_token_id=mask_token_id, rope_theta=100_000.0,
-        conv_group_size=64, selector_rank=16, selector_top_k=8)
+        **SMOLLM2,
+        num_layers=1,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=256,
+        block_size=8,
+        target_layer_ids=SMOL_IDS,
+        mask_token_id=mask_token_id,
+        rope_theta=100_000.0,
+        conv_group_size=64,
+        selector_rank=16,
+        selector_top_k=8,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -138,18 +169,24 @@ def smol2_drafters(tmp_path_factory):
     "random", and "comma" (mask token ",", attention / MLP outputs scaled down: it
     proposes "," nearly everywhere, so a comma-separated answer accepts drafts)."""
     random_config = _smol2_config(4)
-    out = {"random": zr.save_zlab_checkpoint(zr.make_torch_drafter(random_config, seed=31), random_config,
-                                             tmp_path_factory.mktemp("random2"))}
+    out = {
+        "random": zr.save_zlab_checkpoint(
+            zr.make_torch_drafter(random_config, seed=31), random_config, tmp_path_factory.mktemp("random2")
+        )
+    }
     comma_config = _smol2_config(COMMA)
     comma = zr.make_comma_drafter(comma_config, seed=32)
     out["comma"] = zr.save_zlab_checkpoint(comma, comma_config, tmp_path_factory.mktemp("comma2"))
     return out
 
 
-@pytest.mark.parametrize("kind,text,block_size", [
-    ("random", "What is the capital of France? Answer in one sentence.", 8),
-    ("comma", "List the numbers from 1 to 20, one per line.", 8),
-])
+@pytest.mark.parametrize(
+    "kind,text,block_size",
+    [
+        ("random", "What is the capital of France? Answer in one sentence.", 8),
+        ("comma", "List the numbers from 1 to 20, one per line.", 8),
+    ],
+)
 def test_greedy_tokens_equal_zlab_mlx_dflash2(default_model, zlab_target, smol2_drafters, kind, text, block_size):
     model, tokenizer = default_model
     path = smol2_drafters[kind]

@@ -25,8 +25,11 @@ from dflash_mlx import load_draft, stream_generate
 from dflash_mlx.draft_vocab import DRAFT_VOCAB_FILE, build_draft_vocab, check_draft_vocab, save_draft_vocab
 from dflash_mlx.loading import DEFAULT_DRAFT_DIR
 
-PROMPTS = ["What is the capital of France?", "Write a Python function that reverses a string.",
-           "Tom has 12 apples and gives 5 to Ann. How many are left?"]
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Tom has 12 apples and gives 5 to Ann. How many are left?",
+]
 
 
 def _greedy(model, tokenizer, text, drafter=None, **kw):
@@ -53,10 +56,17 @@ def test_builder_keeps_the_most_frequent_tokens_and_the_required_ones():
         build_draft_vocab(counts, coverage=1.5)
 
 
-@pytest.mark.parametrize("ids, match", [
-    ([3, 1, 2], "unsorted"), ([1, 2, 2, 3], "repeated"), ([1, 2, 70000], "outside the vocabulary"),
-    ([-1, 2], "outside the vocabulary"), ([1, 3], "EOS id 2 is missing"), ([], "non-empty"),
-])
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        ([3, 1, 2], "unsorted"),
+        ([1, 2, 2, 3], "repeated"),
+        ([1, 2, 70000], "outside the vocabulary"),
+        ([-1, 2], "outside the vocabulary"),
+        ([1, 3], "EOS id 2 is missing"),
+        ([], "non-empty"),
+    ],
+)
 def test_bad_vocab_files_get_one_line_errors(tmp_path, ids, match):
     with pytest.raises(ValueError, match=match):
         check_draft_vocab(ids, 49152, [2])
@@ -99,9 +109,17 @@ def test_eval_reports_the_share_of_target_tokens_in_the_subset(default_model, tm
     written = _greedy(model, tokenizer, PROMPTS[0])
     assert result["tokens"] == len(written)
     assert result["vocab_coverage"] == round(sum(t in set(ids.tolist()) for t in written) / len(written), 4)
-    assert "vocab_coverage" not in evaluate(model, tokenizer, load_draft(str(DEFAULT_DRAFT_DIR), model=model,
-                                                                         draft_vocab="none"),
-                                            [prompt], max_tokens=8, temps=(0.0,))["0"]["all"]
+    assert (
+        "vocab_coverage"
+        not in evaluate(
+            model,
+            tokenizer,
+            load_draft(str(DEFAULT_DRAFT_DIR), model=model, draft_vocab="none"),
+            [prompt],
+            max_tokens=8,
+            temps=(0.0,),
+        )["0"]["all"]
+    )
 
 
 def test_sampling_is_exact_with_a_subset(sampling_setup):  # noqa: F811

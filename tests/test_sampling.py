@@ -2,238 +2,42 @@
 distribution, which is mlx-lm's (`make_sampler`: top-p, then top-k, on the
 log-probabilities, then the temperature), and a seed gives the same text at any block size.
 
-Statistics: every distribution check is Pearson's chi-square goodness-of-fit test
-against the EXACT distribution (computed, not sampled), cells with an expected count
-below 5 pooled, at a false-alarm rate ALPHA = 1e-3 per test; all seeds are fixed, so a
-run is reproducible and a pass is not luck of the day. Outcomes that have probability
-zero (outside the top-p / top-k support) are checked separately: never allowed.
+Statistics: Pearson's chi-square against the exact distribution (`chi_square.py`; all
+seeds fixed). Outcomes that have probability zero (outside the top-p / top-k support) are
+checked separately: never allowed. The filters and the keyed draws on synthetic
+distributions are tested in `test_draws.py`.
 
-* `filter_logprobs` / `probabilities` agree with mlx-lm's `apply_top_p` / `apply_top_k`.
-* Keyed draws on synthetic distributions: each position's choice follows the filtered
-  distribution and positions are independent (a broken variant sharing one key is
-  caught); the noise is a function of (seed, position) alone; draft and target choosing
-  with the same noise agree with probability 1 - TV(p, q) over two tokens.
-* End to end on the real default target (SmolLM2-135M-Instruct, float32): the first two
-  tokens of `stream_generate` at temperature 1 are distributed as plain sampling's exact
-  joint distribution p(t1) p(t2 | t1), with a random drafter (almost always rejected)
-  and with an "oracle" drafter whose proposals come from a sharpened copy of the target's
-  own distribution (mostly accepted, sometimes rejected), the latter with top-p and top-k,
-  and each generation equals the target alone (`draft_model=None`) with the same seed.
-  Plain sampling's distribution is computed with mlx-lm's own filters on the target's
-  logits, which is what `mlx_lm.stream_generate(..., sampler=make_sampler(...))` samples.
+End to end on the real default target (SmolLM2-135M-Instruct, float32): the first two
+tokens of `stream_generate` at temperature 1 are distributed as plain sampling's exact
+joint distribution p(t1) p(t2 | t1), with a random drafter (almost always rejected)
+and with an "oracle" drafter whose proposals come from a sharpened copy of the target's
+own distribution (mostly accepted, sometimes rejected), the latter with top-p and top-k,
+and each generation equals the target alone (`draft_model=None`) with the same seed.
+Plain sampling's distribution is computed with mlx-lm's own filters on the target's
+logits, which is what `mlx_lm.stream_generate(..., sampler=make_sampler(...))` samples.
 """
 
 from __future__ import annotations
 
 import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 
-import math
-from collections import Counter
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from mlx_lm.models.cache import trim_prompt_cache
-from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from dflash_mlx import make_prompt_cache, stream_generate
 from dflash_mlx.adaptive import BlockSizePolicy
 from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
-from dflash_mlx.sampling import SamplingParams, accept, filter_logprobs, log_softmax, probabilities
+from dflash_mlx.sampling import SamplingParams, accept, log_softmax
 from dflash_mlx.targets import make_target
 
-ALPHA = 1e-3  # false-alarm rate of each statistical test
-MIN_EXPECTED = 5.0  # cells expected to hold fewer samples are pooled
-
-
-# ---------------------------------------------------------------------------
-# Statistics helpers
-# ---------------------------------------------------------------------------
-
-def chi2_sf(x: float, df: int) -> float:
-    """P(X >= x) for X ~ chi-square(df): the regularized upper incomplete gamma Q(df/2, x/2)."""
-    a, z = df / 2.0, x / 2.0
-    if z <= 0:
-        return 1.0
-    log_prefactor = -z + a * math.log(z) - math.lgamma(a)
-    if z < a + 1:  # series for the lower function P, then Q = 1 - P
-        term = total = 1.0 / a
-        n = a
-        while abs(term) > abs(total) * 1e-16:
-            n += 1
-            term *= z / n
-            total += term
-        return max(0.0, 1.0 - total * math.exp(log_prefactor))
-    # continued fraction for Q (modified Lentz)
-    tiny = 1e-300
-    b = z + 1 - a
-    c, d = 1.0 / tiny, 1.0 / b
-    h = d
-    for i in range(1, 100_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1.0 / d
-        h *= d * c
-        if abs(d * c - 1) < 1e-16:
-            break
-    return math.exp(log_prefactor) * h
-
-
-def chi_square_gof(samples, probs: dict, impossible=lambda outcome: False) -> tuple[float, int, float]:
-    """Goodness of fit of `samples` (hashable outcomes) to a distribution given by `probs`:
-    outcome -> exact probability for the outcomes that get a cell of their own; every other
-    outcome falls into one pooled cell holding the remaining probability. Outcomes whose
-    expected count is below MIN_EXPECTED are pooled too. Returns (statistic, dof, p-value).
-    Fails at once if a sample is an outcome of probability zero (`impossible`)."""
-    n = len(samples)
-    bad = [s for s in set(samples) if impossible(s)]
-    assert not bad, f"outcomes of probability zero were sampled: {bad[:5]}"
-    counts = Counter(samples)
-    cells = [(counts.get(k, 0), n * p) for k, p in probs.items() if n * p >= MIN_EXPECTED]
-    kept = {k for k, p in probs.items() if n * p >= MIN_EXPECTED}
-    rest = (sum(c for k, c in counts.items() if k not in kept),
-            n * max(0.0, 1.0 - sum(probs[k] for k in kept)))
-    if rest[1] >= MIN_EXPECTED:
-        cells.append(rest)
-    elif cells:  # too small for a cell of its own: pool it with the smallest one
-        i = min(range(len(cells)), key=lambda j: cells[j][1])
-        cells[i] = (cells[i][0] + rest[0], cells[i][1] + rest[1])
-    assert len(cells) >= 2, "not enough probability mass spread to test"
-    stat = sum((o - e) ** 2 / e for o, e in cells)
-    df = len(cells) - 1
-    return stat, df, chi2_sf(stat, df)
-
-
-def assert_fits(samples, probs: dict, what: str, impossible=lambda outcome: False) -> None:
-    stat, df, p = chi_square_gof(samples, probs, impossible)
-    assert p > ALPHA, f"{what}: chi-square {stat:.1f} on {df} dof, p-value {p:.2e} < {ALPHA}"
-
-
-def test_chi2_sf_known_values():
-    # textbook 95% / 99.9% quantiles
-    for x, df, sf in [(3.841458820694124, 1, 0.05), (18.307038053275146, 10, 0.05),
-                      (10.827566170662733, 1, 1e-3), (59.70306137973097, 30, 1e-3),
-                      (2.0, 2, math.exp(-1.0)), (0.5, 3, 0.918891411654)]:
-        assert chi2_sf(x, df) == pytest.approx(sf, rel=1e-5)
-
-
-# ---------------------------------------------------------------------------
-# Filters agree with mlx-lm
-# ---------------------------------------------------------------------------
-
-def _mlx_lm_logprobs(logprobs: mx.array, top_p: float, top_k: int) -> mx.array:
-    """mlx-lm's `make_sampler` chain: top-p, then top-k."""
-    if 0 < top_p < 1:
-        logprobs = apply_top_p(logprobs, top_p)
-    if top_k > 0:
-        logprobs = apply_top_k(logprobs, top_k)
-    return logprobs
-
-
-@pytest.mark.parametrize("top_p,top_k", [(1.0, 0), (0.05, 0), (0.5, 0), (0.9, 0), (0.999, 0),
-                                         (1.0, 1), (1.0, 7), (1.0, 300), (1.0, 999),
-                                         (0.9, 20), (0.3, 200), (0.95, 1)])
-def test_filters_agree_with_mlx_lm(top_p, top_k):
-    rng = np.random.default_rng(7)
-    # rows of very different shapes: flat, peaked, heavy-tailed
-    scale = np.array([0.3, 1.0, 3.0, 8.0])[:, None]
-    logits = mx.array((scale * rng.standard_normal((4, 1000))).astype(np.float32))
-    logprobs = log_softmax(logits)
-    ours = np.array(filter_logprobs(logprobs, top_p, top_k))
-    ref = np.array(_mlx_lm_logprobs(logprobs, top_p, top_k))
-    np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(ref))
-    np.testing.assert_array_equal(ours[np.isfinite(ours)], ref[np.isfinite(ref)])
-    for temp in (0.5, 1.0, 1.7):
-        want = mx.softmax(_mlx_lm_logprobs(logprobs, top_p, top_k) * (1.0 / temp), axis=-1)
-        np.testing.assert_allclose(np.array(probabilities(logits, temp, top_p, top_k)),
-                                   np.array(want), rtol=1e-5, atol=1e-7)
-
-
-# ---------------------------------------------------------------------------
-# Keyed draws on synthetic distributions
-# ---------------------------------------------------------------------------
-
-def _dist(p_row: np.ndarray) -> dict:
-    return {int(i): float(v) for i, v in enumerate(p_row) if v > 0}
-
-
-def _random_rows(rng, rows: int, vocab: int, concentration: float = 1.0) -> np.ndarray:
-    return rng.dirichlet(np.full(vocab, concentration), size=rows).astype(np.float32)
-
-
-def _choices(logits: np.ndarray, trials: int, start: int = 0, **sampling) -> np.ndarray:
-    """(trials, rows): each trial's choices for the rows of `logits` (positions start..),
-    one seed per trial."""
-    x = mx.array(logits)
-    return np.array(mx.stack([SamplingParams(seed=seed, **sampling).choose(x, start) for seed in range(trials)]))
-
-
-@pytest.mark.parametrize("temp,top_p,top_k", [(1.0, 1.0, 0), (1.0, 0.8, 0), (0.7, 1.0, 4), (1.3, 0.9, 5)])
-def test_choices_sample_the_filtered_distribution(temp, top_p, top_k):
-    """Each position's choice ~ mlx-lm's filtered, tempered distribution, and positions are
-    independent: the pair (position 0, position 1) follows the product law."""
-    rng = np.random.default_rng(int(10 * temp) + top_k)
-    logits = (1.5 * rng.standard_normal((2, 6))).astype(np.float32)
-    ref = np.array(mx.softmax(_mlx_lm_logprobs(log_softmax(mx.array(logits)), top_p, top_k) / temp, axis=-1))
-    out = _choices(logits, 3000, temp=temp, top_p=top_p, top_k=top_k)
-    joint = {(a, b): float(ref[0, a] * ref[1, b]) for a in range(6) for b in range(6) if ref[0, a] * ref[1, b] > 0}
-    assert_fits([tuple(r) for r in out.tolist()], joint, f"T={temp} top_p={top_p} top_k={top_k}",
-                impossible=lambda t: ref[0, t[0]] * ref[1, t[1]] == 0)
-
-
-def test_draws_are_a_function_of_seed_and_position():
-    """The noise of a position does not depend on where a batch of draws starts, and the
-    same seed and position give the same choice; another seed gives other noise."""
-    params = SamplingParams(temp=1.0, seed=7)
-    a, b = params.draws(5).noise(4, 32), params.draws(7).noise(2, 32)
-    np.testing.assert_array_equal(np.array(a[2:]), np.array(b))
-    assert not np.allclose(np.array(a), np.array(SamplingParams(temp=1.0, seed=8).draws(5).noise(4, 32)))
-    rows = params.draws(5).choose(mx.array(np.zeros((3, 32), np.float32)), rows=[3, 0, 3])
-    np.testing.assert_array_equal(np.array(rows), np.array(mx.argmax(a, -1))[[3, 0, 3]])
-
-
-def test_shared_noise_across_positions_is_caught():
-    """Broken on purpose: one key for every position. Two positions with the same law then
-    always agree, and the independence check of the test above fails."""
-    logits = np.zeros((2, 6), np.float32)
-    out = np.array(mx.stack([mx.argmax(mx.array(logits) + SamplingParams(temp=1.0, seed=s).draws(0).noise(1, 6), -1)
-                             for s in range(600)]))
-    joint = {(a, b): 1 / 36 for a in range(6) for b in range(6)}
-    _, df, p_value = chi_square_gof([tuple(r) for r in out.tolist()], joint)
-    assert p_value < ALPHA
-
-
-def test_coupled_acceptance_rate_for_two_tokens():
-    """Draft and target choose with the same noise: over two tokens they agree with
-    probability 1 - TV(p, q), what rejection sampling accepts; the committed tokens
-    follow p whatever the drafts."""
-    p = np.array([[0.7, 0.3], [0.4, 0.6]], np.float32)
-    q = np.array([[0.45, 0.55]], np.float32)
-    agree, committed = [], []
-    for seed in range(3000):
-        draws = SamplingParams(temp=1.0, seed=seed).draws(10)
-        drafts = draws.choose(mx.log(mx.array(q)))
-        a, bonus = accept(drafts, draws.choose(mx.log(mx.array(p))))
-        agree.append(int(a))
-        committed.append(int(drafts[0]) if int(a) else int(bonus))
-    expected = 1 - 0.5 * float(np.abs(p[0] - q[0]).sum())
-    z = (np.mean(agree) - expected) / math.sqrt(expected * (1 - expected) / len(agree))
-    assert abs(z) < 3.29, f"agreement {np.mean(agree):.3f} vs 1 - TV = {expected:.3f}: z = {z:.2f}"
-    assert_fits(committed, _dist(p[0]), "committed token 0")
-
-
-def test_accept_counts_the_agreeing_prefix():
-    drafts, choices = mx.array([4, 5, 6]), mx.array([4, 5, 9, 1])
-    assert [int(x) for x in accept(drafts, choices)] == [2, 9]
-    assert [int(x) for x in accept(drafts, mx.array([4, 5, 6, 3]))] == [3, 3]
-    assert [int(x) for x in accept(drafts, mx.array([0, 5, 6, 3]))] == [0, 0]
+from chi_square import ALPHA, MIN_EXPECTED, as_probs, assert_fits, chi_square_gof
+from test_draws import mlx_lm_logprobs
 
 
 # ---------------------------------------------------------------------------
@@ -298,7 +102,7 @@ class PlainDistribution:
         self._logits: dict[int, mx.array] = {}
 
     def probs(self, logits: mx.array, scale: float = 1.0) -> np.ndarray:
-        logprobs = _mlx_lm_logprobs(log_softmax(scale * logits), self.top_p, self.top_k)
+        logprobs = mlx_lm_logprobs(log_softmax(scale * logits), self.top_p, self.top_k)
         return np.array(mx.softmax(logprobs * (1.0 / self.temp), axis=-1))
 
     def logits_after(self, t1: int) -> mx.array:
@@ -353,9 +157,20 @@ def _sample_pairs(setup, drafter, n: int, seed: int, policy=None, **sampling) ->
     cache = make_prompt_cache(model, drafter)
     pairs, from_draft = [], []
     for i in range(n):
-        r = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=3 if policy else 2,
-                                 prompt_cache=cache, block_size=None if policy else 2, policy=policy,
-                                 seed=seed * 10_000 + i, **sampling))
+        r = list(
+            stream_generate(
+                model,
+                tokenizer,
+                prompt,
+                drafter,
+                max_tokens=3 if policy else 2,
+                prompt_cache=cache,
+                block_size=None if policy else 2,
+                policy=policy,
+                seed=seed * 10_000 + i,
+                **sampling,
+            )
+        )
         assert len(r) >= 2 or r[0].token in tokenizer.eos_token_ids
         pairs.append((r[0].token, r[1].token if len(r) >= 2 else None))
         from_draft.append(len(r) >= 2 and r[1].from_draft)
@@ -368,8 +183,9 @@ def _assert_same_as_target_alone(setup, pairs, seed: int, count: int = 24, **sam
     model, tokenizer, prompt, _, _ = setup
     cache = make_prompt_cache(model)
     for i, pair in enumerate(pairs[:count]):
-        r = stream_generate(model, tokenizer, prompt, None, max_tokens=2, prompt_cache=cache,
-                            seed=seed * 10_000 + i, **sampling)
+        r = stream_generate(
+            model, tokenizer, prompt, None, max_tokens=2, prompt_cache=cache, seed=seed * 10_000 + i, **sampling
+        )
         assert tuple(x.token for x in r) == pair, f"generation {i} differs from the target alone"
 
 
@@ -510,7 +326,7 @@ def test_dflash2_cycle_commits_the_target_distribution(sampling_setup, variant):
         committed.append(mx.where(a > 0, drafts[0], bonus))
         drafted.append(drafts[0])
     t2, d = np.array(mx.stack(committed)), np.array(mx.stack(drafted))
-    stat, df, p_value = chi_square_gof(t2.tolist(), _dist(p))
+    stat, df, p_value = chi_square_gof(t2.tolist(), as_probs(p))
     assert p_value > ALPHA, f"DFlash2 cycle: chi-square {stat:.1f} on {df} dof, p-value {p_value:.2e}"
     if variant == "5-token draft vocabulary":
         assert set(d.tolist()) <= set(subset.tolist())

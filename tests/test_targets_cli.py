@@ -27,12 +27,40 @@ def test_generate_cli(default_model_dir, tmp_path, family):
     model, tokenizer = mlx_lm.load(str(path))
     n = make_target(model).num_layers
     mx.random.seed(1)
-    save_drafter(Drafter(DrafterConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, intermediate_size=64, vocab_size=VOCAB,
-                                       num_target_layers=n, target_layer_ids=[0, n - 1], mask_token_id=4,
-                                       block_size=8)), tmp_path / "draft")
-    result = CliRunner().invoke(app, ["generate", "--model", str(path), "--draft", str(tmp_path / "draft"),
-                                      "-p", "Tell me a story", "-m", "24", "--block-size", "4"])
+    save_drafter(
+        Drafter(
+            DrafterConfig(
+                hidden_size=HIDDEN,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=64,
+                vocab_size=VOCAB,
+                num_target_layers=n,
+                target_layer_ids=[0, n - 1],
+                mask_token_id=4,
+                block_size=8,
+            )
+        ),
+        tmp_path / "draft",
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            str(path),
+            "--draft",
+            str(tmp_path / "draft"),
+            "-p",
+            "Tell me a story",
+            "-m",
+            "24",
+            "--block-size",
+            "4",
+        ],
+    )
     assert result.exit_code == 0, result.output
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Tell me a story"}], add_generation_prompt=True)
     want = mlx_lm.generate(model, tokenizer, prompt, max_tokens=24)
@@ -45,8 +73,24 @@ def test_bench_cli_hybrid(default_model_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Say hi.\nCount to five.\n")
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(app, ["bench", "--model", str(path), "--draft", "random", "--prompts", str(prompts),
-                                      "-m", "12", "--fixed", "4", "--json", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--model",
+            str(path),
+            "--draft",
+            "random",
+            "--prompts",
+            str(prompts),
+            "-m",
+            "12",
+            "--fixed",
+            "4",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
     assert {"dflash-mlx (ours)", "dflash-mlx B=4", "z-lab MLX (reference)"} <= set(rows)

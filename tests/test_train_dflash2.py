@@ -32,10 +32,21 @@ SMOL2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=32, selector_
 
 
 def tiny_selector(vocab: int = 10, hidden: int = 4, rank: int = 3, top_k: int = 3) -> CandidateSelector:
-    cfg = Drafter2Config(hidden_size=hidden, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
-                         intermediate_size=8, vocab_size=vocab, num_target_layers=2, target_layer_ids=[0],
-                         mask_token_id=vocab - 1, conv_kernel_size=2, conv_group_size=2, selector_rank=rank,
-                         selector_top_k=top_k)
+    cfg = Drafter2Config(
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        intermediate_size=8,
+        vocab_size=vocab,
+        num_target_layers=2,
+        target_layer_ids=[0],
+        mask_token_id=vocab - 1,
+        conv_kernel_size=2,
+        conv_group_size=2,
+        selector_rank=rank,
+        selector_top_k=top_k,
+    )
     mx.random.seed(3)
     selector = CandidateSelector(cfg)
     mx.eval(selector.parameters())
@@ -51,8 +62,9 @@ def test_selector_loss_is_cross_entropy_over_the_candidates_and_masked_without_t
     hidden = rng.normal(size=(1, 2, 4)).astype(np.float32)
     logits = np.array([[[0.5, 2.0, -1.0, 1.5, 0.1, 1.0], [3.0, 2.0, 1.0, -2.0, 0.0, -1.0]]], dtype=np.float32)
     predecessors, labels = np.array([[4, 7]]), np.array([[3, 5]])  # column 3 is a top-3 of row 0; 5 is not of row 1
-    loss, pick = selector_loss(sel, mx.array(hidden), mx.array(logits), mx.array(predecessors), mx.array(labels),
-                               mx.array(ids))
+    loss, pick = selector_loss(
+        sel, mx.array(hidden), mx.array(logits), mx.array(predecessors), mx.array(labels), mx.array(ids)
+    )
     P, S = np.array(sel.predecessor_codebook), np.array(sel.successor_codebook)
     W = np.array(sel.hidden_projection.weight)
     for i in range(2):
@@ -93,10 +105,26 @@ def test_gradients_reach_convolutions_and_selector_and_training_lowers_the_loss(
     projection moves)."""
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
-    trainer = Trainer(TrainArgs(data=str(data), out=str(tmp_path / "d"), num_layers=1, target_layer_ids=[1, 3],
-                                block_size=4, batch_size=4, num_anchors=8, lr=3e-3, max_steps=40, log_every=10,
-                                progress=False, checkpoint_every=1000, loss_vocab="sampled", negatives=8, **TINY2),
-                      log=lambda s: None)
+    trainer = Trainer(
+        TrainArgs(
+            data=str(data),
+            out=str(tmp_path / "d"),
+            num_layers=1,
+            target_layer_ids=[1, 3],
+            block_size=4,
+            batch_size=4,
+            num_anchors=8,
+            lr=3e-3,
+            max_steps=40,
+            log_every=10,
+            progress=False,
+            checkpoint_every=1000,
+            loss_vocab="sampled",
+            negatives=8,
+            **TINY2,
+        ),
+        log=lambda s: None,
+    )
     assert isinstance(trainer.drafter, Drafter2)
     start = flat_params(trainer.drafter)
     names = dflash2_params(start)
@@ -182,13 +210,47 @@ def test_train_cli_dflash2_from_v1_loads_and_decodes_losslessly(tmp_path, defaul
     data.mkdir()
     with open(data / "train.jsonl", "w") as fh:
         for i in range(4):
-            fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": rng.integers(100, 9000, 6).tolist(),
-                                 "completion_ids": rng.integers(100, 9000, 24).tolist()}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": str(i),
+                        "source": "t",
+                        "prompt_ids": rng.integers(100, 9000, 6).tolist(),
+                        "completion_ids": rng.integers(100, 9000, 24).tolist(),
+                    }
+                )
+                + "\n"
+            )
     out = tmp_path / "d2"
-    result = cli("train", "--arch", "dflash2", "--init-from", DEFAULT_DRAFT_DIR, "--data", data, "--out", out,
-                 "--model", default_model_dir, "--block-size", "8", "--batch-size", "2", "--num-anchors", "4",
-                 "--loss-vocab", "sampled", "--negatives", "64", "--max-steps", "3", "--eval-minutes", "0",
-                 "--no-progress", *[a for k, v in SMOL2.items() for a in (f"--{k.replace('_', '-')}", v)])
+    result = cli(
+        "train",
+        "--arch",
+        "dflash2",
+        "--init-from",
+        DEFAULT_DRAFT_DIR,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--model",
+        default_model_dir,
+        "--block-size",
+        "8",
+        "--batch-size",
+        "2",
+        "--num-anchors",
+        "4",
+        "--loss-vocab",
+        "sampled",
+        "--negatives",
+        "64",
+        "--max-steps",
+        "3",
+        "--eval-minutes",
+        "0",
+        "--no-progress",
+        *[a for k, v in SMOL2.items() for a in (f"--{k.replace('_', '-')}", v)],
+    )
     assert result.exit_code == 0, result.output
     assert "DFlash2DraftModel, init " in result.output
     drafter = load_draft(str(out), model=model)
