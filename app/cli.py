@@ -266,8 +266,9 @@ def serve(
     os._exit(0)
 
 
-from app.train_cli import data_command, draft_vocab_command, eval_command, train_command  # noqa: E402
+from app.train_cli import data_command, draft_vocab_command, eval_command, instructions_command, train_command  # noqa: E402
 
+app.command("instructions")(one_line_errors(instructions_command))
 app.command("data")(one_line_errors(data_command))
 app.command("train")(one_line_errors(train_command))
 app.command("eval")(one_line_errors(eval_command))

@@ -1,4 +1,4 @@
-"""The `dflash data`, `dflash train` and `dflash eval` commands (registered in cli.py).
+"""The `dflash instructions`, `dflash data`, `dflash train` and `dflash eval` commands (registered in cli.py).
 Heavy imports happen inside the commands so that `dflash --help` stays fast."""
 
 from __future__ import annotations
@@ -11,6 +11,48 @@ from typing import Any, List, Optional, Sequence
 import typer
 
 from dflash_mlx.config import parse_layer_ids
+
+THREADS_HELP = "OpenBLAS threads: a number, or 'auto' (2 while /tmp/dflash-cpu.lock is free, 1 while it is held)."
+
+
+def instructions_command(
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Prompt JSONL to write (appended; resumes), for `dflash data --source`."
+    ),
+    heldout: Path = typer.Option(
+        ..., "--heldout", help="heldout.jsonl whose user messages stay out (exact and near duplicates)."
+    ),
+    num: int = typer.Option(..., "--num-instructions", "-n", help="Stop when this many instructions are kept."),
+    model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", "-m", help="Tokens the target may write per instruction."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b"),
+    temp: float = typer.Option(0.8, "--temp", help="Sampling temperature of the writer."),
+    threshold: float = typer.Option(
+        0.5, "--near", help="Word 3-gram Jaccard from which two texts are near duplicates."
+    ),
+    seed: int = typer.Option(0, "--seed"),
+    threads: Optional[str] = typer.Option(None, "--threads", help=THREADS_HELP),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Log lines instead of a progress bar."),
+) -> None:
+    """Self-instruct: the target writes varied chat prompts (deduplicated, held-out prompts kept out)."""
+    from dflash_mlx.train.selfinstruct import write_instructions
+    from dflash_mlx.train.threads import parse_threads
+
+    stats = write_instructions(
+        out,
+        heldout,
+        num,
+        model,
+        batch_size,
+        seed,
+        temp,
+        max_tokens,
+        threshold,
+        parse_threads(threads),
+        not no_progress,
+        log=lambda s: typer.echo(s),
+    )
+    typer.echo("done: " + ", ".join(f"{k} {v}" for k, v in stats.items()) + f" -> {out}")
 
 
 def options_signature(rows: Sequence[tuple[str, Any, Any, list[str], str]]) -> inspect.Signature:
@@ -48,18 +90,39 @@ def data_command(
         help="Sampling temperature of the answers (0: greedy). "
         "Run again with another --temp to add sampled answers to the same set.",
     ),
+    turns: int = typer.Option(
+        1,
+        "--turns",
+        help="User turns per conversation: the target writes each follow-up and answers with the whole "
+        "conversation as context.",
+    ),
+    threads: Optional[str] = typer.Option(None, "--threads", help=THREADS_HELP),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Log lines instead of a progress bar."),
 ) -> None:
     """Build a self-distillation set: prompts answered greedily by the target itself."""
     from dflash_mlx.train.data import build_dataset
+    from dflash_mlx.train.threads import parse_threads
 
     stats = build_dataset(
-        out, source, model, num_prompts, heldout, max_tokens, batch_size, seed, temp=temp, log=lambda s: typer.echo(s)
+        out,
+        source,
+        model,
+        num_prompts,
+        heldout,
+        max_tokens,
+        batch_size,
+        seed,
+        temp=temp,
+        log=lambda s: typer.echo(s),
+        turns=turns,
+        threads=parse_threads(threads),
+        progress=not no_progress,
     )
     typer.echo(f"done: {stats['records']} answers, {stats['tokens']} new tokens in {stats['seconds']:.0f}s -> {out}")
 
 
 #: `dflash train`'s options, one row each: (name, type, default, flags, help). Every one but
-#: data, out, target_layer_ids, init_from, features and no_progress is the `TrainArgs` field
+#: data, out, target_layer_ids, init_from, features, no_progress and threads is the `TrainArgs` field
 #: of the same name.
 TRAIN_OPTIONS = [
     ("data", Path, ..., ["--data", "-d"], "train.jsonl from `dflash data` (or its directory)."),
@@ -140,12 +203,14 @@ TRAIN_OPTIONS = [
     ("seed", int, 0, ["--seed"], None),
     ("resume", bool, False, ["--resume"], "Continue from OUT/checkpoint."),
     ("no_progress", bool, False, ["--no-progress"], "Log lines instead of a progress bar."),
+    ("threads", Optional[str], None, ["--threads"], THREADS_HELP),
 ]
 
 
 def train_command(**values) -> None:
     """Train a DFlash (or DFlash2) drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
     from dflash_mlx.train.loop import TrainArgs, train
+    from dflash_mlx.train.threads import parse_threads
 
     data, out, init_from, features = (values.pop(k) for k in ("data", "out", "init_from", "features"))
     data_file = data / "train.jsonl" if data.is_dir() else data
@@ -158,10 +223,14 @@ def train_command(**values) -> None:
         init_from=str(init_from) if init_from else None,
         features=str(features) if features else None,
         progress=not values.pop("no_progress"),
+        threads=parse_threads(values.pop("threads")),
         **values,
     )
     result = train(args, log=lambda s: typer.echo(s))
-    typer.echo(f"trained {result['step']} steps in {result['elapsed']:.0f}s -> {out}")
+    typer.echo(
+        f"trained {result['step']} steps in {result['elapsed']:.0f}s "
+        f"({result['core_seconds'] / 3600:.3f} core-hours in all) -> {out}"
+    )
 
 
 train_command.__signature__ = options_signature(TRAIN_OPTIONS)  # what typer reads the options from
@@ -232,15 +301,17 @@ def draft_vocab_command(
     from dflash_mlx.loading import load
     from dflash_mlx.messages import apply_chat_template
     from dflash_mlx.targets import make_target
-    from dflash_mlx.train.data import iter_records
+    from dflash_mlx.train.data import answer_spans, iter_records
 
     counts: Counter = Counter()
     for d in data:
         file = d / "train.jsonl" if d.is_dir() else d
         if not file.is_file():
             raise FileNotFoundError(f"no training data at {file}")
-        for rec in iter_records(file):
-            counts.update(rec["completion_ids"])
+        for rec in iter_records(file):  # the target-written tokens only (not a conversation's user turns)
+            seq = rec["prompt_ids"] + rec["completion_ids"]
+            for s, e in answer_spans(rec):
+                counts.update(seq[s:e])
     target, tokenizer = load(model)
     eos = sorted(set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id]))
     turn = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]

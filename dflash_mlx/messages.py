@@ -54,8 +54,9 @@ def read_prompt_file(path: str | Path) -> list[dict]:
 
     A JSONL file holds one record a line: ``{"prompt" | "text" | "question": ...}``, a
     JSON string, or ``{"messages": [...]}`` (a chat transcript: the prompt is everything
-    up to and including its last user turn); `id` and `source` are kept when present,
-    else they default to ``<file stem>/<line>`` and the file stem. Any other file holds
+    up to and including its last user turn); `id` and `source` (or `set`: the prompt's
+    kind) are kept when present, else they default to ``<file stem>/<line>`` and the
+    file stem. Any other file holds
     one plain-text prompt a line. Raises a one-line ValueError naming a bad line.
     """
     path = Path(path)
@@ -76,7 +77,7 @@ def read_prompt_file(path: str | Path) -> list[dict]:
         out.append(
             {
                 "id": str(rec.get("id", f"{path.stem}/{i}")),
-                "source": str(rec.get("source", path.stem)),
+                "source": str(rec.get("source", rec.get("set", path.stem))),
                 "messages": _record_messages(rec, where),
             }
         )

@@ -103,12 +103,12 @@ def test_context_mask_sees_exactly_context_before_anchor_and_own_block():
 def test_sample_anchors_in_answer_and_labels_same_position():
     rng = np.random.default_rng(0)
     for _ in range(50):
-        a = sample_anchors(7, 30, 10, rng)
+        a, ends = sample_anchors([(7, 30)], 10, rng)
         assert len(a) == 10 and len(set(a.tolist())) == 10
-        assert a.min() >= 7 and a.max() <= 28 and (np.diff(a) > 0).all()
-    assert sample_anchors(7, 10, 10, rng).tolist() == [7, 8]  # all that exist
-    assert sample_anchors(7, 9, 10, rng).tolist() == [7]
-    assert len(sample_anchors(7, 8, 10, rng)) == 0
+        assert a.min() >= 7 and a.max() <= 28 and (np.diff(a) > 0).all() and (ends == 30).all()
+    assert sample_anchors([(7, 10)], 10, rng)[0].tolist() == [7, 8]  # all that exist
+    assert sample_anchors([(7, 9)], 10, rng)[0].tolist() == [7]
+    assert len(sample_anchors([(7, 8)], 10, rng)[0]) == 0
     toks = list(range(100, 120))
     b, _, pos = make_batch([(toks, 5)], 4, 3, 99, rng)
     anchors = np.array(b.anchors)[0]

@@ -2,10 +2,13 @@
 
 - `prompts`: offline prompt sources and the held-out split;
 - `data`: the target answers its own prompts (`dflash data`);
+- `selfinstruct`: the target writes chat prompts (`dflash instructions`);
+- `conversations`: multi-turn answers, every assistant turn trained on (`dflash data --turns`);
 - `features`: target features and top-K distributions, computed once, kept on disk;
 - `initialize`: the drafter's config and first weights (warm start from the target);
 - `objective`: anchored blocks, the block-parallel forward, the losses;
 - `loop`: optimiser, schedule, checkpoints and exact resume (`dflash train`);
+- `threads`: OpenBLAS threads, fixed or following the shared CPU lock (`--threads auto`);
 - `evaluate`: acceptance length on held-out prompts (`dflash eval`).
 """
 

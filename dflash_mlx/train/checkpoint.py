@@ -66,6 +66,7 @@ class TrainArgs:
     resume: bool = False
     log_every: int = 10
     progress: bool = True
+    threads: Optional[int | str] = None  # OpenBLAS threads: a count, "auto" (see `threads`), None: as set
 
     def dflash2_fields(self) -> Optional[dict]:
         """The DFlash2 config fields under --arch dflash2, None under dflash1."""
@@ -85,6 +86,7 @@ class TrainState:
     seen: int = 0  # sequences
     positions: int = 0  # labelled block positions trained on
     elapsed: float = 0.0
+    core_seconds: float = 0.0  # OpenBLAS threads x seconds of training, over every session
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":

@@ -5,8 +5,10 @@ a temperature. The result is a JSONL file of token sequences, one record per lin
 
     {"id": ..., "source": ..., "prompt_ids": [...], "completion_ids": [...], "temp": ...}
 
-Held-out prompts (never answered, never trained on) go to a separate ``heldout.jsonl``
-with their messages, for `dflash eval`.
+A conversation (``--turns``, `conversations`) is one record whose sequence holds several
+answers; its ``answer_spans`` say which tokens the target wrote. Held-out prompts (never
+answered, never trained on) go to a separate ``heldout.jsonl`` with their messages, for
+`dflash eval`.
 """
 
 from __future__ import annotations
@@ -20,25 +22,52 @@ from ..messages import apply_chat_template
 from .prompts import collect_prompts, split_heldout
 
 
+def encode_prompt(tokenizer: Any, prompt: dict) -> list[int]:
+    """The model input for a prompt record: its messages through the chat template (the
+    assistant's turn opened), then its optional ``prefill``, text that the assistant's
+    reply starts with (the instruction writer uses it to steer a small target)."""
+    ids = apply_chat_template(tokenizer, prompt["messages"])
+    if prompt.get("prefill"):
+        ids = ids + list(tokenizer.encode(prompt["prefill"], add_special_tokens=False))
+    return ids
+
+
+def answer_text(tokenizer: Any, completion_ids: Sequence[int]) -> str:
+    """The text of an answer, without its closing EOS."""
+    ids = list(completion_ids)
+    if ids and ids[-1] == getattr(tokenizer, "eos_token_id", None):
+        ids = ids[:-1]
+    return tokenizer.decode(ids)
+
+
 def generate_answers(model: Any, tokenizer: Any, prompts: list[dict], max_tokens: int,
                      batch_size: int = 32, max_prompt_tokens: int = 512, temp: float = 0.0,
-                     on_batch: Optional[Callable[[list[dict], float], None]] = None) -> Iterator[dict]:
+                     on_batch: Optional[Callable[[list[dict], float], None]] = None,
+                     poll: Optional[Callable[[], Any]] = None) -> Iterator[dict]:
     """Answer prompts with `mlx_lm.batch_generate` (greedy, or sampled at `temp`), yielding
     records. An answer that stopped at EOS ends with that EOS id, so the drafter also learns
     to predict the end. Each call hands the generator four batches of prompts: rows that
-    finish early are refilled from the queue instead of idling until the batch is done."""
+    finish early are refilled from the queue instead of idling until the batch is done.
+    `poll` runs before every decode step (the thread control: see `threads`)."""
     from mlx_lm import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
     eos = getattr(tokenizer, "eos_token_id", None)
     suffix = f"@t{temp:g}" if temp > 0 else ""
     chunk = 4 * batch_size
+    sample = make_sampler(temp)
+
+    def sampler(logits: Any) -> Any:
+        if poll is not None:
+            poll()
+        return sample(logits)
+
     for start in range(0, len(prompts), chunk):
         batch = prompts[start: start + chunk]
-        encoded = [apply_chat_template(tokenizer, p["messages"])[-max_prompt_tokens:] for p in batch]
+        encoded = [encode_prompt(tokenizer, p)[-max_prompt_tokens:] for p in batch]
         t0 = time.perf_counter()
         resp = batch_generate(model, tokenizer, encoded, max_tokens=max_tokens, return_token_ids=True,
-                              completion_batch_size=batch_size, sampler=make_sampler(temp))
+                              completion_batch_size=batch_size, sampler=sampler)
         dt = time.perf_counter() - t0
         records = []
         for p, ids, out in zip(batch, encoded, resp.token_ids):
@@ -52,59 +81,84 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[dict], max_tokens
         yield from records
 
 
+def split_prompts(out_dir: Path, prompts: list[dict], heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held out) prompts. The first run writes ``heldout.jsonl``; later runs (a
+    resume, another temperature, other sources) keep exactly that held-out set, and out
+    of training."""
+    held_file = out_dir / "heldout.jsonl"
+    if held_file.is_file():
+        held = [json.loads(line) for line in held_file.read_text().splitlines() if line.strip()]
+        held_ids = {p["id"] for p in held}
+        train, _ = split_heldout([p for p in prompts if p["id"] not in held_ids], 0, seed)
+        return train, held
+    train, held = split_heldout(prompts, heldout, seed)
+    with open(held_file, "w") as fh:
+        for p in held:
+            fh.write(json.dumps(p) + "\n")
+    return train, held
+
+
 def build_dataset(out_dir: str | Path, sources: Sequence[str] = ("chat", "math", "stdlib", "humaneval"),
                   model_path: Optional[str] = None, num_prompts: Optional[int] = None,
                   heldout: int = 40, max_tokens: int = 160, batch_size: int = 32, seed: int = 0,
-                  temp: float = 0.0, log: Callable[[str], None] = print) -> dict:
+                  temp: float = 0.0, log: Callable[[str], None] = print, *, turns: int = 1,
+                  threads: Optional[int | str] = None, progress: bool = False) -> dict:
     """Write ``train.jsonl`` (appended batch by batch, so training can start on partial
     data), ``heldout.jsonl`` and ``meta.json`` under out_dir. Resumes: prompts whose id is
     already in train.jsonl are skipped. Runs at several temperatures append to the same
-    file (sampled answers get ids ``<prompt id>@t<temp>``)."""
+    file (sampled answers get ids ``<prompt id>@t<temp>``). With `turns` > 1 every prompt
+    becomes a conversation (`conversations`; ids ``<prompt id>/turns<N>``)."""
     import mlx.core as mx
 
     from ..loading import load
+    from .conversations import answer_conversations
+    from .progress import StepBar
+    from .selfinstruct import NearDuplicates
+    from .threads import ThreadControl
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = collect_prompts(sources, seed)
-    held_file = out_dir / "heldout.jsonl"
-    if held_file.is_file():
-        # resuming: the held-out set stays exactly as first written, and out of training
-        held = [json.loads(line) for line in held_file.read_text().splitlines() if line.strip()]
-        held_ids = {p["id"] for p in held}
-        train, _ = split_heldout([p for p in prompts if p["id"] not in held_ids], 0, seed)
-    else:
-        train, held = split_heldout(prompts, heldout, seed)
-        with open(held_file, "w") as fh:
-            for p in held:
-                fh.write(json.dumps(p) + "\n")
+    train, held = split_prompts(out_dir, prompts, heldout, seed)
     if num_prompts is not None:
         train = train[:num_prompts]
     train_file = out_dir / "train.jsonl"
     done = {r["id"] for r in iter_records(train_file)} if train_file.exists() else set()
-    suffix = f"@t{temp:g}" if temp > 0 else ""
+    suffix = (f"/turns{turns}" if turns > 1 else "") + (f"@t{temp:g}" if temp > 0 else "")
     todo = [p for p in train if p["id"] + suffix not in done]
     meta = {"sources": list(sources), "model": model_path or "default", "max_tokens": max_tokens,
-            "heldout": len(held), "train_prompts": len(train), "seed": seed, "temp": temp}
+            "heldout": len(held), "train_prompts": len(train), "seed": seed, "temp": temp, "turns": turns}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    log(f"{len(prompts)} prompts: {len(train)} train ({len(done)} done), {len(held)} held out")
     model, tokenizer = load(model_path)
+    control = ThreadControl(threads)
+    log(f"{len(prompts)} prompts: {len(train)} train ({len(train) - len(todo)} done), {len(held)} held out; "
+        f"{control.describe()}")
     mx.random.seed(seed + len(done))
-    stats = {"tokens": 0, "seconds": 0.0, "records": len(done)}
+    stats: dict = {"tokens": 0, "seconds": 0.0, "records": len(train) - len(todo), "line": ""}
+    bar = StepBar(len(train), stats["records"], progress, "answers")
 
     def on_batch(records: list[dict], dt: float) -> None:
         n = sum(len(r["completion_ids"]) for r in records)
         stats["tokens"] += n
         stats["seconds"] += dt
-        stats["records"] += len(records)
-        log(f"{stats['records']}/{len(train)} answered, {n / dt:.0f} tok/s this batch, "
-            f"{stats['tokens']} tokens in {stats['seconds']:.0f}s")
+        stats["line"] = f"{n / dt:.0f} tok/s this batch, {stats['tokens']} tokens in {stats['seconds']:.0f}s"
+        bar.update(stats["records"], stats["line"])
+        if not progress:
+            log(f"{stats['records']}/{len(train)} answered, {stats['line']}")
 
-    with open(train_file, "a") as fh:
-        for rec in generate_answers(model, tokenizer, todo, max_tokens, batch_size, temp=temp,
-                                    on_batch=on_batch):
+    if turns > 1:
+        held_users = NearDuplicates(m["content"] for p in held for m in p["messages"] if m["role"] == "user")
+        records = answer_conversations(model, tokenizer, todo, turns, max_tokens, batch_size, temp, held_users,
+                                       seed, on_batch=on_batch, poll=control.poll)
+    else:
+        records = generate_answers(model, tokenizer, todo, max_tokens, batch_size, temp=temp, on_batch=on_batch,
+                                   poll=control.poll)
+    with bar, open(train_file, "a") as fh:
+        for rec in records:
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
+            stats["records"] += 1
+            bar.update(stats["records"], stats["line"])
     return stats
 
 
@@ -118,10 +172,22 @@ def iter_records(path: str | Path) -> Iterator[dict]:
                 continue
 
 
-def load_sequences(path: str | Path, min_completion: int = 2) -> list[tuple[str, list[int], int]]:
-    """(record id, prompt + completion token ids, prompt length) for every usable record."""
+def answer_spans(record: dict) -> list[tuple[int, int]]:
+    """The target-written [start, end) spans of a record's token sequence (prompt +
+    completion): one per assistant turn of a conversation (``answer_spans``), else the
+    whole completion."""
+    if "answer_spans" in record:
+        return [(int(s), int(e)) for s, e in record["answer_spans"]]
+    n = len(record["prompt_ids"])
+    return [(n, n + len(record["completion_ids"]))]
+
+
+def load_sequences(path: str | Path, min_completion: int = 2) -> list[tuple[str, list[int], list[tuple[int, int]]]]:
+    """(record id, prompt + completion token ids, target-written spans) for every usable
+    record."""
     out = []
     for r in iter_records(path):
-        if len(r["completion_ids"]) >= min_completion:
-            out.append((str(r["id"]), list(r["prompt_ids"]) + list(r["completion_ids"]), len(r["prompt_ids"])))
+        spans = [(s, e) for s, e in answer_spans(r) if e - s >= min_completion]
+        if spans:
+            out.append((str(r["id"]), list(r["prompt_ids"]) + list(r["completion_ids"]), spans))
     return out

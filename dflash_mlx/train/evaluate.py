@@ -1,7 +1,8 @@
 """`dflash eval`: acceptance length tau of a drafter on prompt sets, greedy and sampled.
 
 tau is the mean number of tokens committed per draft/verify cycle (1 .. B). Reported per
-prompt set (the `source` of each prompt) and overall, with the histogram of accepted
+prompt kind (the `source` or `set` field of a prompt file's records) and overall, also as
+one table of tau by kind and temperature, with the histogram of accepted
 lengths (histogram[n - 1] = cycles that committed n tokens) and tokens/s.
 """
 
@@ -75,7 +76,22 @@ def position_acceptance(hist: Sequence[int]) -> list[Optional[float]]:
     return out
 
 
+def format_table(results: dict) -> str:
+    """tau by prompt kind (rows, "all" last) and temperature (columns), as a Markdown table."""
+    temps = list(results)
+    kinds = sorted({k for per in results.values() for k in per}, key=lambda k: (k == "all", k))
+    lines = ["| kind | prompts | " + " | ".join(f"tau T={t}" for t in temps) + " |",
+             "|---|---:|" + "---:|" * len(temps)]
+    for kind in kinds:
+        cells = [f"{results[t][kind]['tau']:.2f}" if kind in results[t] else "-" for t in temps]
+        prompts = next(results[t][kind]["prompts"] for t in temps if kind in results[t])
+        name = f"**{kind}**" if kind == "all" else kind
+        lines.append(f"| {name} | {prompts} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_results(results: dict) -> str:
+    """Every temperature's numbers per prompt kind, then the table of tau by kind."""
     lines = []
     for temp, per in results.items():
         lines.append(f"temperature {temp}")
@@ -86,7 +102,7 @@ def format_results(results: dict) -> str:
             if key == "all":
                 acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["position_acceptance"])
                 lines.append(f"  per-position acceptance (drafts 1..): {acc}")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", format_table(results)]) if results else ""
 
 
 def prompts_for(sources: Sequence[str], limit: Optional[int] = None) -> list[dict]:

@@ -32,6 +32,7 @@ from ..drafters import load_drafter_dir
 from ..targets import make_target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
+from .threads import ThreadControl
 from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
 from .checkpoint import TrainArgs, TrainState, save_checkpoint
 from .progress import Meter, StepBar, count_bar
@@ -81,7 +82,8 @@ class Trainer:
             raise ValueError(f"--loss-vocab must be 'full' or 'sampled', got {args.loss_vocab!r}")
         features = Path(args.features) if args.features else Path(args.data).parent / "features"
         self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
-        self.seqs: list[tuple[str, list[int], int]] = []
+        self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
+        self.threads = ThreadControl(args.threads)  # also for the feature pass
         self.refresh_data()
         if not resuming:
             self._initialize()
@@ -103,7 +105,11 @@ class Trainer:
         """(Re)read the data (it may grow while training) and compute missing features:
         rank 0 fills the store, the others wait for it and reopen it."""
         a = self.args
-        seqs = [(k, t[: a.max_len], p) for k, t, p in load_sequences(a.data) if p < min(len(t), a.max_len) - 1]
+        seqs = []
+        for k, t, spans in load_sequences(a.data):
+            spans = [(s, min(e, a.max_len)) for s, e in spans if s < min(e, a.max_len) - 1]
+            if spans:
+                seqs.append((k, t[: a.max_len], spans))
         if not seqs:
             raise ValueError(f"no usable sequences in {a.data}")
         width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
@@ -114,7 +120,7 @@ class Trainer:
                 if missing:
                     with count_bar("features", missing, self.args.progress, self.log) as advance:
                         fill_store(store, self.target, {k: t for k, t, _ in seqs}, self.cfg.target_layer_ids,
-                                   on_progress=lambda done, total: advance(done))
+                                   on_progress=lambda done, total: (advance(done), self.threads.poll()))
         if self.world > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
@@ -241,7 +247,8 @@ class Trainer:
                      f"{self.cfg.target_layer_ids}, B={B}, mask {self.cfg.mask_token_id}, {self.cfg.architecture}, "
                      f"init {a.init_from or a.init}; "
                      f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
-                     + (f"; {self.world} ranks" if self.world > 1 else ""))
+                     + (f"; {self.world} ranks" if self.world > 1 else "")
+                     + f"; {self.threads.describe()}, {st.core_seconds / 3600:.3f} core-hours so far")
         log_file = None
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +261,10 @@ class Trainer:
             try:
                 while st.step < self.total or (a.time_limit and not a.max_steps):
                     out = self.step()
-                    st.elapsed = time.perf_counter() - t_start
+                    threads = self.threads.threads  # in effect during this step
+                    elapsed, st.elapsed = st.elapsed, time.perf_counter() - t_start
+                    st.core_seconds += (st.elapsed - elapsed) * threads
+                    self.threads.poll()
                     if out is not None:
                         meter.add(out)
                     if self.rank != 0:
@@ -287,7 +297,9 @@ class Trainer:
                     log_file.close()
         if self.rank == 0:
             save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
-        return {"step": st.step, "elapsed": st.elapsed, "history": history, "drafter": self.drafter}
+            self.log(f"{st.core_seconds / 3600:.3f} core-hours of training in all ({st.elapsed:.0f}s)")
+        return {"step": st.step, "elapsed": st.elapsed, "core_seconds": st.core_seconds, "history": history,
+                "drafter": self.drafter}
 
 
 def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:

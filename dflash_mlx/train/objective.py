@@ -1,8 +1,10 @@
 """What a drafter learns: anchored blocks, their block-parallel forward, and the loss.
 
-For a sequence (prompt + the target's own answer) and its target features:
-1. Anchors are sampled inside the answer. Anchor a makes the block
-   [token a, MASK x (B-1)] at positions a .. a+B-1; its context is positions < a.
+For a sequence (prompt + the target's own answer, or a conversation with several
+answers) and its target features:
+1. Anchors are sampled inside the answers (the target-written spans). Anchor a makes the
+   block [token a, MASK x (B-1)] at positions a .. a+B-1; its context is positions < a;
+   its labels stop where its answer ends.
 2. Every block of a batch is one row of ONE drafter forward: each row attends to its
    sequence's context keys before its anchor and to its own block (both ways). The
    drafter's own layers compute it (`Attention.context_kv`, `DecoderLayer`), with the
@@ -56,15 +58,20 @@ def loss_weights(block_size: int, gamma: Optional[float] = None) -> mx.array:
     return mx.array((w / w.sum()).astype(np.float32))
 
 
-def sample_anchors(prompt_len: int, seq_len: int, num_anchors: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted distinct anchor positions in the answer: prompt_len <= a <= seq_len - 2 (the
-    block's first token is an answer token and at least one label follows)."""
-    lo, hi = prompt_len, seq_len - 2
-    if hi < lo:
-        return np.zeros((0,), dtype=np.int64)
-    n = hi - lo + 1
-    picks = rng.choice(n, size=min(num_anchors, n), replace=False)
-    return np.sort(picks + lo)
+def sample_anchors(spans: Sequence[tuple[int, int]], num_anchors: int, rng: np.random.Generator
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct anchor positions inside the target-written spans [start, end) of a
+    sequence (a single-turn answer is one span; a conversation has one per assistant turn):
+    start <= a <= end - 2, so the block's first token is the target's and at least one
+    label follows. Returns the anchors and the end of each one's span (its labels stop
+    there: what follows an answer, e.g. the user's next turn, is not the target's)."""
+    ranges = [(s, e - 2) for s, e in spans if e - 2 >= s]
+    if not ranges:
+        return np.zeros((0,), dtype=np.int64), np.zeros((0,), dtype=np.int64)
+    starts = np.concatenate([np.arange(lo, hi + 1) for lo, hi in ranges])
+    ends = np.concatenate([np.full(hi - lo + 1, hi + 2) for lo, hi in ranges])
+    picks = np.sort(rng.choice(len(starts), size=min(num_anchors, len(starts)), replace=False))
+    return starts[picks].astype(np.int64), ends[picks].astype(np.int64)
 
 
 @dataclass
@@ -81,31 +88,34 @@ class Batch:
     teacher_logits: Optional[mx.array] = None  # (S*A, B, K) and their logits
 
 
-def make_batch(seqs: Sequence[tuple[list[int], int]], block_size: int, num_anchors: int, mask_token_id: int,
-               rng: np.random.Generator) -> tuple[Optional[Batch], list[int], np.ndarray]:
+def make_batch(seqs: Sequence[tuple[list[int], int | Sequence[tuple[int, int]]]], block_size: int,
+               num_anchors: int, mask_token_id: int, rng: np.random.Generator
+               ) -> tuple[Optional[Batch], list[int], np.ndarray]:
     """Pad sequences and sample anchors (short answers repeat their last block, weight 0).
-    Returns the batch (None if no sequence has room for a block), the indices of the kept
-    sequences and the label positions (S, A, B) for gathering per-position data."""
+    A sequence comes with its target-written spans, or with its prompt length (one span:
+    the answer to the end). Returns the batch (None if no sequence has room for a block),
+    the indices of the kept sequences and the label positions (S, A, B) for gathering
+    per-position data."""
     B = block_size
-    chosen = [sample_anchors(p, len(t), num_anchors, rng) for t, p in seqs]
-    keep = [i for i, a in enumerate(chosen) if len(a)]
+    chosen = [sample_anchors([(p, len(t))] if isinstance(p, int) else p, num_anchors, rng) for t, p in seqs]
+    keep = [i for i, (a, _) in enumerate(chosen) if len(a)]
     if not keep:
         return None, [], np.zeros((0, 0, B), dtype=np.int64)
     seqs = [seqs[i] for i in keep]
     chosen = [chosen[i] for i in keep]
-    S, A = len(seqs), max(len(a) for a in chosen)
+    S, A = len(seqs), max(len(a) for a, _ in chosen)
     L = max(len(t) for t, _ in seqs)
     tokens = np.zeros((S, L), dtype=np.int32)
     anchors = np.zeros((S, A), dtype=np.int32)
+    ends = np.zeros((S, A), dtype=np.int64)  # where each anchor's span (its labels) ends
     real = np.zeros((S, A), dtype=bool)
-    for i, ((t, _), a) in enumerate(zip(seqs, chosen)):
+    for i, ((t, _), (a, e)) in enumerate(zip(seqs, chosen)):
         tokens[i, : len(t)] = t
-        anchors[i, : len(a)] = a
-        anchors[i, len(a) :] = a[-1]
+        anchors[i, : len(a)], ends[i, : len(a)] = a, e
+        anchors[i, len(a) :], ends[i, len(a) :] = a[-1], e[-1]
         real[i, : len(a)] = True
-    lengths = np.array([len(t) for t, _ in seqs])[:, None, None]
     pos = anchors[:, :, None] + np.arange(B)[None, None]  # (S, A, B)
-    valid = (pos < lengths) & real[:, :, None] & (np.arange(B) >= 1)[None, None]
+    valid = (pos < ends[:, :, None]) & real[:, :, None] & (np.arange(B) >= 1)[None, None]
     pos = np.minimum(pos, L - 1)
     labels = np.take_along_axis(tokens, pos.reshape(S, -1), axis=1).reshape(S, A, B)
     labels = np.where(valid, labels, 0)

@@ -1,8 +1,8 @@
 """What a training run shows while it runs: running numbers between log lines, and the bar.
 
 `Meter` keeps loss, per-position accuracy, the train-batch tau estimate and block positions
-per second between two log lines; `StepBar` is the rich progress bar (or nothing);
-`count_bar` counts through a one-off job (the feature pass)."""
+per second between two log lines; `StepBar` is the rich progress bar (or nothing), also
+for data generation; `count_bar` counts through a one-off job (the feature pass)."""
 
 from __future__ import annotations
 
@@ -60,19 +60,20 @@ class Meter:
         return {"step": st.step, "elapsed": round(st.elapsed, 1), "loss": round(self.loss or 0.0, 4),
                 "acc": [round(float(x), 3) for x in acc[1:]], "train_tau": round(self.tau_sum / max(self.blocks, 1), 3),
                 "grad_norm": round(self.gnorm, 3), "lr": lr, "seqs_seen": st.seen, "positions": st.positions,
-                "positions_per_s": round(self._rate(st), 1)}
+                "positions_per_s": round(self._rate(st), 1), "core_hours": round(st.core_seconds / 3600, 5)}
 
 
 class StepBar:
-    """The training progress bar (rich), or nothing."""
+    """A rich progress bar with a running description (training steps, answers written),
+    or nothing."""
 
-    def __init__(self, total: int, done: int, enabled: bool):
+    def __init__(self, total: int, done: int, enabled: bool, label: str = "train"):
         self.progress = None
         if enabled:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                        TimeRemainingColumn)
 
-            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            self.progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
                                      TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.description}"))
             self.task = self.progress.add_task("", total=total, completed=done)
 

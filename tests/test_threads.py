@@ -1,0 +1,104 @@
+"""Thread control (`--threads N|auto`, following the CPU lock another process holds) and the
+core-hours a training run records, across `--resume`. Uses its own lock file: the test
+run itself may hold /tmp/dflash-cpu.lock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import numpy as np
+import pytest
+
+from dflash_mlx import blas
+from dflash_mlx.train.threads import ThreadControl, lock_is_held, parse_threads
+
+needs_openblas = pytest.mark.skipif(blas.num_threads() is None, reason="OpenBLAS is not loaded here")
+
+_HOLDER = (
+    "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\ntime.sleep(120)\n"
+)
+
+
+@pytest.fixture
+def restore_threads():
+    before = blas.num_threads()
+    yield
+    if before:
+        blas.set_num_threads(before)
+
+
+def test_parse_threads():
+    assert parse_threads(None) is None and parse_threads("auto") == "auto" and parse_threads("3") == 3
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(ValueError, match="--threads must be"):
+            parse_threads(bad)
+
+
+@needs_openblas
+def test_auto_threads_follow_the_cpu_lock(tmp_path, restore_threads):
+    lock = str(tmp_path / "cpu.lock")
+    control = ThreadControl("auto", lock_path=lock, interval=0.0)
+    assert control.threads == 2 and blas.num_threads() == 2
+    # it never keeps the lock: another process can take it at once
+    assert subprocess.run(["flock", "-n", lock, "true"]).returncode == 0
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, lock], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert lock_is_held(lock)
+        assert control.poll() == 1 and blas.num_threads() == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not lock_is_held(lock)
+    assert control.poll() == 2 and blas.num_threads() == 2
+    slow = ThreadControl("auto", lock_path=lock, interval=3600.0)  # looks at most every `interval`
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, lock], stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()
+        assert slow.poll() == 2 and slow.poll(force=True) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ThreadControl(1).threads == 1 and blas.num_threads() == 1
+
+
+@needs_openblas
+def test_core_hours_survive_resume(tmp_path, monkeypatch, restore_threads):
+    """threads x seconds of training, summed in the checkpointed state: a resumed run
+    starts from exactly the saved value and adds its own steps at its own thread count."""
+    from test_train import random_training_data, tiny_target
+
+    from dflash_mlx.train.loop import TrainArgs, Trainer, train
+
+    model = tiny_target(vocab=48)
+    data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
+    out = tmp_path / "d"
+    common = dict(
+        data=str(data),
+        out=str(out),
+        num_layers=1,
+        target_layer_ids=[1, 3],
+        block_size=4,
+        batch_size=2,
+        num_anchors=4,
+        progress=False,
+        checkpoint_every=1,
+        log_every=1,
+    )
+    first = train(TrainArgs(max_steps=3, threads=1, **common), log=lambda s: None)
+    saved = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert saved["core_seconds"] == pytest.approx(first["elapsed"]) and saved["core_seconds"] > 0
+
+    resumed = Trainer(TrainArgs(max_steps=6, threads=2, resume=True, **common), log=lambda s: None)
+    assert resumed.state.core_seconds == saved["core_seconds"]  # exactly, not re-measured
+    second = resumed.run()
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 6
+    assert state["core_seconds"] == pytest.approx(saved["core_seconds"] + 2 * (second["elapsed"] - saved["elapsed"]))
+    hours = [json.loads(line)["core_hours"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(hours) == 6 and (np.diff(hours) >= 0).all()
+    assert hours[-1] == pytest.approx(state["core_seconds"] / 3600, abs=1e-5)
