@@ -277,6 +277,8 @@ DFLASH_FIELDS = (
     "cycles",
     "drafted_tokens",
     "accepted_drafted_tokens",
+    "tree_budget",
+    "widths",
 )
 
 

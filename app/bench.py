@@ -4,6 +4,11 @@ Every method decodes the same chat prompts greedily; tokens/s counts the tokens 
 the first (prefill excluded, as mlx-lm reports it). Methods run interleaved per prompt,
 in a rotating order, so that machine noise hits them alike; their outputs are compared
 token for token.
+
+Ours runs with the options given (adaptive by default: the block size and, where the
+target has them, draft trees chosen per cycle), and once more per fixed block size and
+per fixed tree budget asked for; each row says what its cycles verified (widths) and how
+many draft nodes per cycle.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from dflash_mlx.adaptive import BlockSizePolicy
 from dflash_mlx.messages import apply_chat_template, read_prompt_file, user_messages
 from dflash_mlx.options import DecodeOptions
 from dflash_mlx.stats import histogram, tau
@@ -41,11 +45,20 @@ class MethodResult:
     outputs: list[list[int]] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # block size of every cycle (ours)
     draft_ms: Optional[float] = None  # one draft at the drafter's block size (ours)
+    nodes: int = 0  # draft tokens (chain drafts or tree nodes) verified (ours)
+    widths: dict[str, int] = field(default_factory=dict)  # cycles by width: "plain", "chain b", "tree n" (ours)
 
     def add(
-        self, chunks: list[list[int]], seconds: float, cycles: int, committed: int, sizes: Sequence[int] = ()
+        self,
+        chunks: list[list[int]],
+        seconds: float,
+        cycles: int,
+        committed: int,
+        sizes: Sequence[int] = (),
+        view: Optional[dict] = None,
     ) -> None:
-        """Count one prompt's run: its tokens per yield, time, draft/verify cycles, block sizes."""
+        """Count one prompt's run: its tokens per yield, time, draft/verify cycles, block
+        sizes, and (ours) the stats view's nodes verified and widths."""
         tokens = [t for c in chunks for t in c]
         self.tokens += len(tokens) - len(chunks[0])
         self.seconds += seconds
@@ -53,6 +66,10 @@ class MethodResult:
         self.committed += committed
         self.outputs.append(tokens)
         self.sizes += sizes
+        if view is not None:
+            self.nodes += view["drafted_tokens"]
+            for width, n in view["widths"].items():
+                self.widths[width] = self.widths.get(width, 0) + n
 
     @property
     def tokens_per_second(self) -> float:
@@ -181,6 +198,8 @@ def _rows(results: list[MethodResult]) -> list[dict]:
             "same_tokens_as_mlx_lm": all(a[: len(b)] == b[: len(a)] for a, b in zip(r.outputs, base.outputs)),
             "block_sizes": histogram(r.sizes) if r.sizes else None,
             "draft_ms": r.draft_ms,
+            "nodes_per_cycle": round(r.nodes / r.cycles, 2) if r.nodes and r.cycles else None,
+            "widths": dict(sorted(r.widths.items(), key=lambda kv: -kv[1])) if r.widths else None,
         }
         for r in results
     ]
@@ -196,12 +215,15 @@ def run_bench(
     progress: Optional[Callable[[str], None]] = None,
     fixed_sizes: Sequence[int] = (),
     draft_vocab: Optional[str] = None,
+    fixed_trees: Sequence[int] = (),
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method. `draft_path`
     "random" measures the loop's overhead with an untrained drafter. Ours decodes with
     `options` (adaptive block size: one policy across the prompts, as a chat keeps one),
     once more with each of `fixed_sizes`, and once more for each further draft vocabulary
-    of `draft_vocab` (comma-separated files or 'none'; the first is ours')."""
+    of `draft_vocab` (comma-separated files or 'none'; the first is ours'), and once more
+    with each tree budget of `fixed_trees` at a fixed block (`options`' or the drafter's;
+    0: the chain)."""
     from dflash_mlx import load, load_draft
     from dflash_mlx.defaults import default_model_path
     from dflash_mlx.loading import DEFAULT_DRAFT_DIR
@@ -213,13 +235,22 @@ def run_bench(
         with tempfile.TemporaryDirectory(prefix="dflash-random-drafter-") as tmp:
             random_dir = str(_random_drafter(model, tokenizer, Path(tmp) / "drafter"))
             return run_bench(
-                model_dir, random_dir, prompts, max_tokens, options, reference, progress, fixed_sizes, draft_vocab
+                model_dir,
+                random_dir,
+                prompts,
+                max_tokens,
+                options,
+                reference,
+                progress,
+                fixed_sizes,
+                draft_vocab,
+                fixed_trees,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
     drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
     drafter = drafters[0]
-    methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, fixed_sizes)
+    methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, fixed_sizes, fixed_trees)
     zlab = _zlab_method(model_dir, draft_dir, options.block_limit(drafter), max_tokens) if reference else None
     if zlab is not None:
         methods["z-lab MLX (reference)"] = zlab
@@ -243,13 +274,19 @@ def run_bench(
 
 
 def _methods(
-    model, tokenizer, drafters: list, options: DecodeOptions, max_tokens: int, fixed_sizes: Sequence[int]
+    model,
+    tokenizer,
+    drafters: list,
+    options: DecodeOptions,
+    max_tokens: int,
+    fixed_sizes: Sequence[int],
+    fixed_trees: Sequence[int] = (),
 ) -> tuple[dict[str, Callable], dict[str, object]]:
-    """Plain mlx-lm and our runs by name (with `options`, each fixed size, each further
-    drafter), and the drafter of each row that gets a draft time."""
+    """Plain mlx-lm and our runs by name (with `options`, each fixed size, each fixed tree
+    budget, each further drafter), and the drafter of each row that gets a draft time."""
     import mlx_lm
 
-    from dflash_mlx import stream_generate
+    from dflash_mlx import make_policy, stream_generate
 
     drafter = drafters[0]
 
@@ -259,13 +296,14 @@ def _methods(
         return chunks, seconds, 0, 0
 
     def ours(options: DecodeOptions, drafter=drafter) -> Callable:
-        policy = BlockSizePolicy(drafter.config.block_size) if options.adaptive(drafter) else None
+        adaptive = options.adaptive(drafter) and not options.tree_budget
+        policy = make_policy(model, drafter, options.tree_budget) if adaptive else None
 
         def run(prompt):
             stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)
             chunks, seconds, last = _clock(stream, lambda r: [r.token])
             view = last.stats.to_dict()
-            return chunks, seconds, view["cycles"], view["committed_tokens"], view["block_sizes"]
+            return chunks, seconds, view["cycles"], view["committed_tokens"], view["block_sizes"], view
 
         return run
 
@@ -274,6 +312,10 @@ def _methods(
     for size in fixed_sizes:
         if size != options.block_size and 2 <= size <= drafter.config.block_size:
             methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))
+    block = options.block_limit(drafter)
+    for budget in fixed_trees:
+        name = f"dflash-mlx B={block} " + (f"tree {budget}" if budget else "chain")
+        methods[name] = ours(replace(options, block_size=block, tree_budget=budget))
     timed = {"dflash-mlx (ours)": drafter}
     for other in drafters[1:]:
         name = f"dflash-mlx vocab {_vocab_label(other)}"
@@ -288,16 +330,19 @@ def markdown_table(report: dict) -> str:
         f"(draft vocabulary: {report.get('draft_vocab', 'full')}), block {report['block_size']}, "
         f"{report['prompts']} prompts x {report['max_tokens']} max new tokens, greedy",
         "",
-        "| method | tokens | tok/s | speedup | tau | draft ms | block sizes (size: cycles) | same tokens as mlx-lm |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
+        "| method | tokens | tok/s | speedup | tau | draft ms | nodes/cycle | widths (cycles) "
+        "| block sizes (size: cycles) | same tokens as mlx-lm |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in report["results"]:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
         draft_ms = f"{r['draft_ms']:.1f}" if r.get("draft_ms") else "-"
         sizes = " ".join(f"{b}:{n}" for b, n in enumerate(r.get("block_sizes") or [], 1) if n) or "-"
+        nodes = f"{r['nodes_per_cycle']:.1f}" if r.get("nodes_per_cycle") else "-"
+        widths = ", ".join(f"{w}: {n}" for w, n in (r.get("widths") or {}).items()) or "-"
         lines.append(
             f"| {r['method']} | {r['tokens']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {tau} "
-            f"| {draft_ms} | {sizes} | "
+            f"| {draft_ms} | {nodes} | {widths} | {sizes} | "
             f"{'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |"
         )
     return "\n".join(lines)

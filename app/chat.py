@@ -1,7 +1,7 @@
 """dflash-chat: a terminal chat that shows DFlash speculative decoding at work.
 
     dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
-                [--top-k K] [--block-size B] [--max-tokens N] [--system TEXT] [--no-draft]
+                [--top-k K] [--block-size B] [--tree-budget N] [--max-tokens N] [--system TEXT] [--no-draft]
 
 All model work happens on the engine's worker thread (`engine.py`); the widgets are in
 `widgets.py`, the conversation's data in `session.py` and the look in `chat.tcss`. This
@@ -310,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling threshold")
     p.add_argument("--top-k", type=int, default=d.top_k, help="sample from the k most likely tokens (0 = all)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="drafter block size (default: adaptive)")
+    p.add_argument(
+        "--tree-budget",
+        type=int,
+        default=d.tree_budget,
+        help="draft-tree nodes per cycle (0: chains only; default: chosen per cycle)",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--draft-vocab", default=None, help="draft vocabulary file, or 'none' (default: the drafter's own)")
@@ -324,7 +330,9 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
     kernels = False if args.no_kernels else None
-    options = DecodeOptions(args.temp, args.top_p, args.top_k, block_size=args.block_size, kernels=kernels)
+    options = DecodeOptions(
+        args.temp, args.top_p, args.top_k, block_size=args.block_size, kernels=kernels, tree_budget=args.tree_budget
+    )
     settings = Settings(options, max_tokens=args.max_tokens, baseline=args.no_draft)
     return ChatApp(
         model=args.model, draft=args.draft, settings=settings, system=args.system, draft_vocab=args.draft_vocab

@@ -23,6 +23,7 @@ from dflash_mlx.options import DecodeOptions, OptionError
 
 #: The decoding defaults, which the options below show (`DecodeOptions` owns them).
 DEFAULTS = DecodeOptions()
+TREE_HELP = "Draft-tree nodes per cycle (plain attention targets; 0: chains only; default: chosen per cycle)."
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DFlash speculative decoding on MLX.")
 
@@ -79,6 +80,7 @@ def generate(
     block_size: Optional[int] = typer.Option(
         DEFAULTS.block_size, "--block-size", help="Tokens verified per cycle, 2 .. the drafter's (default: adaptive)."
     ),
+    tree_budget: Optional[int] = typer.Option(DEFAULTS.tree_budget, "--tree-budget", help=TREE_HELP),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     no_kernels: bool = typer.Option(
@@ -92,7 +94,9 @@ def generate(
 
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
-    options = DecodeOptions(temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True)
+    options = DecodeOptions(
+        temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True, tree_budget=tree_budget
+    )
     target, tokenizer = load(model)
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if not raw and tokenizer.chat_template:
@@ -124,6 +128,14 @@ def bench(
         None, "--block-size", help="Ours verifies this many tokens (default: adaptive)."
     ),
     fixed: str = typer.Option("4,8,16", "--fixed", help="Also run ours with these fixed block sizes ('' for none)."),
+    tree_budget: str = typer.Option(
+        "",
+        "--tree-budget",
+        help="Also run ours with these fixed tree budgets at the block size (0: the chain), e.g. 0,4,8,16,32.",
+    ),
+    verify_cost: bool = typer.Option(
+        False, "--verify-cost", help="Time a verify of n = 1..64 rows against a plain step instead (T(n)/T(1))."
+    ),
     draft_vocab: Optional[str] = typer.Option(
         None,
         "--draft-vocab",
@@ -145,6 +157,15 @@ def bench(
     from .bench import markdown_table, read_prompts, run_bench, write_json
 
     console = Console(stderr=True)
+    if verify_cost:
+        from .bench_verify import run_verify_cost, verify_cost_table
+
+        with console.status("timing verifies") as status:
+            report = run_verify_cost(model, progress=lambda msg: status.update(msg))
+        print(verify_cost_table(report))
+        if json_out:
+            write_json(report, json_out)
+        return
     if kernels:
         from .bench_kernels import kernel_table, run_kernel_bench
 
@@ -166,6 +187,7 @@ def bench(
             progress=lambda msg: status.update(msg),
             fixed_sizes=[int(b) for b in fixed.split(",") if b.strip()],
             draft_vocab=draft_vocab,
+            fixed_trees=[int(n) for n in tree_budget.split(",") if n.strip()],
         )
     print(markdown_table(report))
     if json_out:
@@ -242,6 +264,7 @@ def serve(
     block_size: Optional[int] = typer.Option(
         DEFAULTS.block_size, "--block-size", help="Fixed block size (default: adaptive)."
     ),
+    tree_budget: Optional[int] = typer.Option(DEFAULTS.tree_budget, "--tree-budget", help=TREE_HELP),
     max_tokens: int = typer.Option(512, "--max-tokens", help="For requests that do not set max_tokens."),
     no_kernels: bool = typer.Option(
         False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
@@ -251,7 +274,7 @@ def serve(
     from .serve_worker import Worker
     from .server import run_server
 
-    options = DecodeOptions(block_size=block_size, kernels=_kernels(no_kernels))
+    options = DecodeOptions(block_size=block_size, kernels=_kernels(no_kernels), tree_budget=tree_budget)
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     worker = Worker(

@@ -19,6 +19,7 @@ HELP = """\
 - `/clear` forget the conversation and its KV cache
 - `/temp X` sampling temperature (0 = greedy)
 - `/block N` drafter block size (`/block auto`: the drafter's own)
+- `/tree N` draft trees of N nodes (`/tree 0`: chains only; `/tree auto`: chosen per cycle)
 - `/baseline` toggle target-only decoding, to feel the difference
 - `/save FILE` save the transcript as Markdown
 - `/load [MODEL] [DRAFT]` load another model (none given: the built-in default)
@@ -71,6 +72,17 @@ class SlashCommands:
             await self.note("Usage: /block N  with N >= 2, or /block auto.", "error")
             return
         await self.note(f"Block size set to {self.settings.options.block_size or 'auto'}.")
+        self.refresh_stats()
+
+    async def cmd_tree(self, arg: str) -> None:
+        try:
+            budget = None if arg.lower() in ("auto", "default") else int(arg)
+            self.settings.options = replace(self.settings.options, tree_budget=budget)
+        except ValueError:
+            await self.note("Usage: /tree N  with N >= 0 draft-tree nodes (0: chains only), or /tree auto.", "error")
+            return
+        budget = self.settings.options.tree_budget
+        await self.note(f"Draft trees: {'auto' if budget is None else 'off' if budget == 0 else f'{budget} nodes'}.")
         self.refresh_stats()
 
     async def cmd_baseline(self, arg: str) -> None:

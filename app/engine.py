@@ -39,6 +39,8 @@ class Settings:
         mode = "baseline (target only)" if self.baseline or not has_draft else "DFlash"
         size = o.block_size or ("auto" + (f" ({block_in_use})" if block_in_use else ""))
         block = "" if self.baseline or not has_draft else f" B={size}"
+        if block and o.tree_budget is not None:
+            block += f" tree {o.tree_budget}" if o.tree_budget else " chains"
         return f"{mode}{block} · T={o.temp:g} · top-p {o.top_p:g} · max {self.max_tokens}"
 
 

@@ -4,7 +4,7 @@ from .blas import preload as _preload_blas
 
 _preload_blas()  # must run before the first `import mlx`
 
-from .adaptive import BlockSizePolicy  # noqa: E402
+from .adaptive import BlockSizePolicy, TreePolicy  # noqa: E402
 from .drafter import Drafter, DrafterConfig  # noqa: E402
 from .drafter2 import Drafter2, Drafter2Config  # noqa: E402
 from .loading import load, load_draft  # noqa: E402
@@ -14,6 +14,7 @@ from .speculative import (  # noqa: E402
     PromptCache,
     generate,
     generate_step,
+    make_policy,
     make_prompt_cache,
     stream_generate,
 )
@@ -32,11 +33,13 @@ __all__ = [
     "GenerationStats",
     "PromptCache",
     "SamplingParams",
+    "TreePolicy",
     "generate",
     "generate_step",
     "histogram",
     "load",
     "load_draft",
+    "make_policy",
     "make_prompt_cache",
     "stream_generate",
 ]

@@ -21,13 +21,35 @@ maximises expected committed tokens per second:
   current choice is followed by another at once, so that a drafter that improves
   mid-answer is noticed within a few probes of the next one.
 
+Draft trees (`tree.py`) widen the choice: a `TreePolicy` weighs, beside plain steps and
+chains, trees of a few node budgets (`Width`: what one cycle verifies), with a tree's
+expected tokens calibrated against the walks seen so far and its cost by rows verified.
+`CycleWidths` turns a policy's choice (or a fixed block / tree budget) into each cycle's
+width, within `max_tokens`.
+
 Pure Python, no MLX: unit-tested on synthetic acceptance and cost streams.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence
+
+
+class Width(NamedTuple):
+    """What one cycle verifies: `size` tokens, a chain (1: a plain step) or, with `tree`,
+    a draft tree of `size - 1` nodes below the root."""
+
+    size: int
+    tree: bool = False
+
+    @property
+    def nodes(self) -> int:
+        return self.size - 1
+
+    def __str__(self) -> str:
+        return f"tree {self.nodes}" if self.tree else "plain" if self.size == 1 else f"chain {self.size}"
 
 
 def default_cost_model(max_size: int) -> list[float]:
@@ -125,24 +147,31 @@ class BlockSizePolicy:
         self.probe = None
         return best
 
-    def update(self, size: int, accepted: int, seconds: float) -> None:
-        """Record a finished cycle: `accepted` of its `size - 1` drafts, `seconds` of wall time."""
-        old = self.seconds.get(size)
+    def choose_width(self, limit: Optional[int] = None) -> "Width":
+        """The next cycle as a `Width` (a chain here; `TreePolicy` weighs trees too)."""
+        return Width(self.choose(limit))
+
+    def update_width(self, width: "Width", accepted: int, seconds: float) -> None:
+        """`update` for a cycle chosen by `choose_width`."""
+        self.update(width.size, accepted, seconds)
+
+    def _charge(self, seconds_by: dict[int, float], key: int, seconds: float) -> None:
+        """Fold one measured cycle into the slow running average `seconds_by[key]`."""
+        old = seconds_by.get(key)
         if old is not None:  # a shared machine's spikes count, but at most triple
             seconds = self.cost_memory * old + (1 - self.cost_memory) * min(seconds, 3 * old)
-        self.seconds[size] = seconds
+        seconds_by[key] = seconds
+
+    def update(self, size: int, accepted: int, seconds: float) -> None:
+        """Record a finished cycle: `accepted` of its `size - 1` drafts, `seconds` of wall time."""
+        self._charge(self.seconds, size, seconds)
         # A plain step queued before the probe was chosen reports after it: keep the probe.
         probe = self.probe if self.probe is not None and self.probe[0] == size else None
         if probe is not None:
             self.probe = None
         # How likely the estimates found the drafts this probe accepted beyond the challenged size.
         likely = math.prod(self.acceptance(k) for k in range(probe[1], accepted + 1)) if probe else 1.0
-        seen = min(accepted + 1, size - 1)  # positions 1..a accepted, a+1 rejected
-        for k in range(1, self.max_size if size > 1 else 1):  # a plain step drafts nothing
-            # unseen positions fade too, towards the prior: what a past stretch taught about
-            # deep drafts must not outlive it while only short blocks are drafted
-            self.hits[k] = self.memory * self.hits[k] + (k <= accepted)
-            self.trials[k] = self.memory * self.trials[k] + (k <= seen)
+        self._learn(size, accepted)
         if probe is None:
             return
         self.reach = 2 * self.reach if accepted == size - 1 else 1  # all drafts accepted: look further
@@ -156,11 +185,215 @@ class BlockSizePolicy:
         else:
             self.wait = min(self.backoff * self.wait, self._probe_interval(size, probe[1]))
 
+    def _learn(self, size: int, accepted: int) -> None:
+        """Fold a chain's acceptance (`accepted` of `size - 1` drafts) into the estimates."""
+        seen = min(accepted + 1, size - 1)  # positions 1..a accepted, a+1 rejected
+        for k in range(1, self.max_size if size > 1 else 1):  # a plain step drafts nothing
+            # unseen positions fade too, towards the prior: what a past stretch taught about
+            # deep drafts must not outlive it while only short blocks are drafted
+            self.hits[k] = self.memory * self.hits[k] + (k <= accepted)
+            self.trials[k] = self.memory * self.trials[k] + (k <= seen)
+
     def _probe_interval(self, probe: int, best: int) -> int:
         """Cycles between probes so that their extra cost stays within `explore`."""
         costs = self.costs()
-        extra = max(costs[probe - 1] - costs[best - 1], 0.0)
-        return max(1, math.ceil(extra / (self.explore * costs[best - 1])))
+        return _interval(costs[probe - 1], costs[best - 1], self.explore)
+
+
+#: Tree sizes (draft nodes) an adaptive policy weighs beside chains, where the target has trees.
+TREE_SIZES = (4, 8, 16, 32)
+
+
+def tree_prior(nodes: int) -> float:
+    """Before any walk: a tree of `nodes` commits this many times what the chain of as many
+    rows (at most the block) does; shaped after an offline replay of the shipped drafter
+    (B = 8: trees of 4 / 8 / 16 / 32 / 64 nodes 1.11 / 1.22 / 1.31 / 1.40 / 1.47x the chain)."""
+    return 1.0 + 0.1 * max(0.0, math.log2(nodes) - 1.0)
+
+
+class TreePolicy(BlockSizePolicy):
+    """A `BlockSizePolicy` that also weighs draft trees of `trees` nodes (depth <= max_size - 1).
+
+    Expected tokens of a tree of n nodes: a calibrated ratio r(n) times what the chain of
+    min(n + 1, max_size) rows is expected to commit (the chain's acceptance estimates).
+    r(n) starts at `tree_prior(n)` and follows the walks: decayed sums of committed tokens
+    over what the chain model expected at each walk (fading by `walk_memory` at every
+    drafted cycle), shrunk towards the prior by `calibration` pseudo-walks; sizes never
+    walked borrow the calibration (r / prior) of the nearest walked one. Cost: measured
+    per tree size; unmeasured ones from the line through every measured drafted cycle by
+    rows verified (a tree of n costs about what n + 1 chain rows do). Widths are ordered
+    by rows (a chain before a tree of as many); a probe tries the most promising other
+    tree or wider chain, and probes back off up to the interval at which they lose at
+    most `explore` of the expected rate."""
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        trees: Sequence[int] = TREE_SIZES,
+        calibration: float = 2.0,
+        walk_memory: float = 0.97,
+        **kwargs,
+    ):
+        super().__init__(max_size, **kwargs)
+        self.trees = sorted({n for n in trees if n >= 1}) if max_size > 1 else []
+        self.calibration, self.walk_memory = calibration, walk_memory
+        self.walks = {n: [0.0, 0.0] for n in self.trees}  # decayed (tokens committed, chain model's expectation)
+        self.tree_seconds: dict[int, float] = {}
+        self.width_probe: Optional[tuple[Width, Width]] = None  # (probed width, the width it challenged)
+
+    def chain_expected(self, size: int) -> float:
+        """Expected tokens a chain of `size` commits (1 for a plain step)."""
+        total = run = 1.0
+        for k in range(1, size):
+            run *= self.acceptance(k)
+            total += run
+        return total
+
+    def ratio(self, nodes: int) -> float:
+        """r(n): a tree's tokens over its chain's, as calibrated so far."""
+
+        def own(n: int) -> Optional[float]:
+            done, base = self.walks[n]
+            if base <= 0:
+                return None
+            pseudo = self.calibration * self.chain_expected(min(n + 1, self.max_size))
+            return (done + pseudo * tree_prior(n)) / (base + pseudo)
+
+        if own(nodes) is not None:
+            return own(nodes)
+        walked = [n for n in self.trees if own(n) is not None]
+        if not walked:
+            return tree_prior(nodes)
+        near = min(walked, key=lambda n: (abs(math.log2(n / nodes)), n))
+        return tree_prior(nodes) * own(near) / tree_prior(near)
+
+    def expected(self, width: Width) -> float:
+        if not width.tree:
+            return self.chain_expected(width.size)
+        return self.ratio(width.nodes) * self.chain_expected(min(width.size, self.max_size))
+
+    def width_cost(self, width: Width, costs: list[float]) -> float:
+        """Estimated cost of a cycle of `width` (`costs`: the chain sizes' estimates)."""
+        if not width.tree:
+            return costs[width.size - 1]
+        if width.nodes in self.tree_seconds:
+            return self.tree_seconds[width.nodes]
+        drafted = {m: t for m, t in self.seconds.items() if m > 1}
+        drafted.update({n + 1: t for n, t in self.tree_seconds.items()})
+        if len(drafted) > 1:
+            intercept, slope = _fit_line(drafted)
+            return max(intercept + slope * width.size, costs[0], 1e-9)
+        last = self.max_size - 1  # beyond the block: the chain's slope, carried on
+        step = costs[last] - costs[last - 1] if last > 1 else costs[last] - costs[0]
+        return costs[min(width.size, self.max_size) - 1] + max(step, 0.0) * max(width.size - self.max_size, 0)
+
+    def widths(self, limit: Optional[int] = None) -> list[Width]:
+        """The widths a cycle may take, by rows verified (a chain before a tree of as many)."""
+        top = min(self.max_size, limit or self.max_size)
+        out = [Width(b) for b in range(1, top + 1)] + ([Width(n + 1, True) for n in self.trees] if top > 1 else [])
+        return sorted(out)
+
+    def width_rates(self, limit: Optional[int] = None) -> list[tuple[Width, float]]:
+        costs = self.costs()
+        return [(w, self.expected(w) / self.width_cost(w, costs)) for w in self.widths(limit)]
+
+    def best_width(self, limit: Optional[int] = None) -> Width:
+        """The width with the highest expected rate (the fewest rows among ties)."""
+        rates = self.width_rates(limit)
+        return max(rates, key=lambda wr: (wr[1], -wr[0].size))[0]
+
+    def choose_width(self, limit: Optional[int] = None) -> Width:
+        rates = self.width_rates(limit)
+        best = max(rates, key=lambda wr: (wr[1], -wr[0].size))[0]
+        # any tree, or a wider chain (a narrower chain's acceptance is seen inside wider ones)
+        others = [wr for wr in rates if wr[0] != best and (wr[0].tree or wr[0] > best)]
+        self.since_probe += 1
+        if others and self.since_probe >= self.wait:  # the most promising other width
+            self.since_probe = 0
+            self.width_probe = (max(others, key=lambda wr: wr[1])[0], best)
+            return self.width_probe[0]
+        self.width_probe = None
+        return best
+
+    def update_width(self, width: Width, accepted: int, seconds: float) -> None:
+        probe = self.width_probe if self.width_probe is not None and self.width_probe[0] == width else None
+        if probe is not None:
+            self.width_probe = None
+            costs = self.costs()
+            challenger = self.expected(probe[1]) / self.width_cost(probe[1], costs)
+        if width.size > 1:  # every size's walks fade at every drafted cycle (towards the prior)
+            for n in self.trees:
+                self.walks[n] = [self.walk_memory * x for x in self.walks[n]]
+        if width.tree:
+            self._charge(self.tree_seconds, width.nodes, seconds)
+            base = self.chain_expected(min(width.size, self.max_size))
+            self.walks[width.nodes][0] += accepted + 1
+            self.walks[width.nodes][1] += base
+        else:
+            self._charge(self.seconds, width.size, seconds)
+            self._learn(width.size, accepted)
+        if probe is not None:
+            self._settle(width, probe[1], accepted, challenger)
+
+    def _settle(self, width: Width, challenged: Width, accepted: int, challenger: float) -> None:
+        """After a probe of `width` against `challenged` (whose expected rate was `challenger`):
+        look again at once if the probe moved the best, about as often if it paid, else
+        back off, up to the interval at which probes lose at most `explore` of the rate
+        (a wider width can commit less than the one it challenges: a chain against a tree)."""
+        costs = self.costs()
+        cost = self.width_cost(width, costs)
+        if self.best_width() != challenged:
+            self.wait = 1
+        elif (accepted + 1) / cost > challenger:
+            self.wait = max(1, self.wait // self.backoff)
+        else:
+            best = self.expected(challenged) / self.width_cost(challenged, costs)
+            loss = max(0.0, 1.0 - self.expected(width) / cost / best)
+            self.wait = min(self.backoff * self.wait, max(1, math.ceil(loss / self.explore)))
+
+
+@dataclass
+class CycleWidths:
+    """The width of each cycle (a plain step, a chain, a tree): the policy's choice or the
+    fixed one, never verifying a chain past `max_tokens` nor a tree deeper than it needs."""
+
+    policy: Optional[BlockSizePolicy]  # None: fixed widths
+    limit: int  # the fixed block size, or the largest the policy may choose; 1: no drafter
+    drafting: bool
+    max_tokens: Optional[int]
+    fixed_tree: Optional[int] = None  # nodes of every cycle's tree (a fixed tree budget)
+    trees: bool = False  # whether the target verifies trees
+
+    def _left(self, produced: int) -> int:
+        return max(1, self.max_tokens - produced) if self.max_tokens is not None else self.limit
+
+    def next(self, produced: int) -> Width:
+        """The width of the cycle after `produced` tokens. A policy's tree on a target
+        without trees (a policy passed in) is its chain."""
+        left = self._left(produced)
+        if self.policy is not None:
+            width = self.policy.choose_width(left)
+            return width if self.trees or not width.tree else Width(min(width.size, self.limit, left))
+        if not self.drafting:
+            return Width(1)
+        if self.fixed_tree:
+            return Width(self.fixed_tree + 1, True)
+        return Width(max(2, min(self.limit, left)))  # a fixed block verifies at least 2
+
+    def depth(self, produced: int) -> int:
+        """A tree's depth cap after `produced` tokens: within the block, at least 1."""
+        return max(1, min(self.limit, self._left(produced)) - 1)
+
+    def run_ahead(self, size: int, produced: int) -> bool:
+        """Whether a plain step is queued before the token it feeds is read (not when the
+        caller stops at max_tokens)."""
+        return size == 1 and (self.max_tokens is None or produced < self.max_tokens)
+
+
+def _interval(probe_cost: float, best_cost: float, explore: float) -> int:
+    """Cycles between probes so that their extra cost stays within `explore` of the time."""
+    return max(1, math.ceil(max(probe_cost - best_cost, 0.0) / (explore * best_cost)))
 
 
 def _fit_line(points: dict[int, float]) -> tuple[float, float]:

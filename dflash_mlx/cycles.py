@@ -1,4 +1,4 @@
-"""The two kinds of decoding cycle (a plain target step, a drafted block) and the prefill.
+"""The kinds of decoding cycle (a plain target step, a drafted block, a draft tree) and the prefill.
 
 A plain step's token is returned lazy, already queued with `mx.async_eval`: the block
 size policy does not look at token values, so the loop can queue the next plain step
@@ -7,6 +7,9 @@ steps then costs what plain mlx-lm decoding does.
 
 `Cycles` is the one writer of `PromptCache.tokens` (what the target cache holds): a
 token joins it when it enters the target, or, fed lazily, once `read` knows its value.
+
+A tree cycle (`tree.py`) reads the drafter's candidates on the host to build the tree, so
+it syncs twice: once for the tree, once for the walk.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
+import numpy as np
 
 from .cache import PromptCache
 from .drafter import Drafter
-from .rollback import Checkpoint
+from .rollback import Checkpoint, keep_rows
 from .sampling import SamplingParams, accept, log_softmax
 from .target import Target
+from .tree import build_tree, top_candidates, walk
 
 PREFILL_STEP = 2048
 
@@ -37,6 +42,7 @@ class Cycle:
     drafting: float = 0.0  # seconds of it spent drafting (profiling only)
     tokens: list[int] = field(default_factory=list)  # the committed tokens, once on the host
     queued: Optional[mx.array] = None  # a queued step's token (a lazy scalar), until read
+    tree: bool = False  # a draft tree: `size` - 1 nodes verified below the root
 
     @property
     def ready(self) -> bool:
@@ -148,3 +154,31 @@ class Cycles:
         drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))
         return Cycle(size, accepted, logprobs, drafting, tokens=drafted[:accepted] + [bonus])
+
+    def tree(self, token: int, budget: int, depth: int) -> Cycle:
+        """Draft a tree of up to `budget` nodes, at most `depth` deep, below `token` (from one
+        drafter forward over the whole block), verify root + nodes in one target forward,
+        walk it with the target's rule and keep the accepted path."""
+        cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
+        cache.flush()
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
+        logprobs, ids = top_candidates(drafter.propose(block, cache.draft, target)[:depth], budget)
+        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth)
+        drafting = time.perf_counter() - tic if self.profile else 0.0
+        start = cache.target[0].offset
+        positions = tree.positions(start)  # (n + 1,)
+        hidden, features = target.tree_forward(
+            mx.array(tree.tokens)[None], cache.target, positions, tree.ancestor_mask(start)
+        )
+        logits = target.lm_head(hidden)[0]  # (n + 1, V)
+        # node i chooses the token after it, at position root + depth + 1, with the keyed draws
+        draws = self.sampling.draws(len(cache.tokens) + 1)
+        path, bonus = walk(tree, draws.choose(logits, tree.depths).tolist())
+        rows = [0] + path
+        keep_rows(cache.target, start, rows)
+        cache.tokens += [tree.tokens[i] for i in rows]
+        kept = mx.array(rows)
+        drafter.append_context(features[:, kept], cache.draft)
+        committed = [tree.tokens[i] for i in path] + [bonus]
+        logprobs = list(log_softmax(logits[kept]))
+        return Cycle(tree.size + 1, len(path), logprobs, drafting, tokens=committed, tree=True)

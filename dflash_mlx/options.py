@@ -46,6 +46,7 @@ PROBABILITY: Rule = ("must be in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
 COUNT: Rule = ("must be an integer >= 0 (0: off)", lambda v: _integer(v) and v >= 0)
 SEED: Rule = ("must be an integer >= 0 or None", lambda v: v is None or (_integer(v) and v >= 0))
 BLOCK: Rule = ("must be an integer >= 2 or None (adaptive)", lambda v: v is None or (_integer(v) and v >= 2))
+TREE: Rule = ("must be an integer >= 0 or None (adaptive)", lambda v: v is None or (_integer(v) and v >= 0))
 SWITCH: Rule = ("must be true, false or None (on where it runs)", lambda v: v is None or isinstance(v, bool))
 FLAG: Rule = ("must be true or false", lambda v: isinstance(v, bool))
 
@@ -57,7 +58,7 @@ def option(default: Any, rule: Rule, doc: str) -> Any:
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """How to decode: sampling, block size, kernels. Checked when built (`OptionError`)."""
+    """How to decode: sampling, block size, kernels, draft trees. Checked when built (`OptionError`)."""
 
     temp: float = option(0.0, NON_NEGATIVE, "sampling temperature; 0: greedy")
     top_p: float = option(1.0, PROBABILITY, "nucleus sampling threshold; 1: off")
@@ -66,6 +67,12 @@ class DecodeOptions:
     block_size: Optional[int] = option(None, BLOCK, "tokens verified per cycle, at most the drafter's; None: adaptive")
     kernels: Optional[bool] = option(None, SWITCH, "the custom Metal kernels; None: on where they run (Apple GPUs)")
     profile: bool = option(False, FLAG, "time drafting apart from verifying (one more host sync per cycle)")
+    tree_budget: Optional[int] = option(
+        None,
+        TREE,
+        "draft-tree nodes per cycle (targets with trees); 0: chains "
+        "only; None: chosen per cycle when the block size is adaptive",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -25,6 +25,10 @@ seen only the accepted tokens. Per cache kind:
   for that), and the rollback slides the conv window and replays the recurrence alone
   (`Tape.rewind`, the `gated_delta_replay` kernel): no weight is read again.
 
+After a draft tree's verify (`tree.py`) the KV caches hold root + every node in tree
+order; `keep_rows` gathers the accepted path's rows into place and sets the offset, so
+the cache is what it would be had it seen the committed tokens alone.
+
 Saving the states costs nothing either: mlx-lm replaces these arrays on update (it
 never writes into them), so a checkpoint holds references, not copies.
 """
@@ -34,7 +38,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import ArraysCache, QuantizedKVCache, RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
 
 #: replay(layer index, that layer's inputs (1, n, hidden), its cache): rebuild the cache.
 Replay = Callable[[int, mx.array, Any], None]
@@ -83,6 +87,21 @@ def _drop_rotating(c: RotatingKVCache, drop: int) -> None:
     c.keys, c.values = c.keys[..., :end, :], c.values[..., :end, :]
     c.offset -= drop
     c._idx = end
+
+
+def keep_rows(cache: Sequence[Any], start: int, rows: Sequence[int]) -> None:
+    """After a tree verify wrote its rows at start, start + 1, ...: keep rows start + rows[j]
+    at start + j (rows increasing, rows[j] >= j: a root-to-node path in tree order) and
+    drop the rest. KVCache and QuantizedKVCache (each of its packed arrays) alike."""
+    end = start + len(rows)
+    if list(rows) != list(range(len(rows))):  # a prefix of the rows is already in place
+        index = mx.array([start + r for r in rows])
+        for c in cache:
+            packed = (*c.keys, *c.values) if isinstance(c, QuantizedKVCache) else (c.keys, c.values)
+            for a in packed:  # (1, kv_heads, capacity, dim)
+                a[..., start:end, :] = a[..., index, :]
+    for c in cache:
+        c.offset = end
 
 
 class Mark:

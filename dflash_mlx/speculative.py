@@ -10,9 +10,15 @@ read), so a run of them costs what plain decoding does (`cycles.py`).
 The block size b is fixed (`DecodeOptions.block_size`) or chosen before every cycle by
 a `BlockSizePolicy` (`block_size=None`), from 1 (a plain target step, no drafter call;
 its features join the drafter's context lazily, before the next draft) up to the
-drafter's B. `generate_step` wires a generation together (`_setup`), asks `_Sizes` for
+drafter's B. `generate_step` wires a generation together (`_setup`), asks `CycleWidths` for
 each cycle's size, and charges each cycle its time (`_Clock`); the cycles themselves,
 and the tokens the caches hold, are `cycles.Cycles`'.
+
+`DecodeOptions.tree_budget=N` verifies a draft tree of up to N nodes instead of a chain
+(`tree.py`, DDTree) on targets whose family and caches allow it (plain attention
+decoders: llama, mistral, qwen2, qwen3, qwen3_moe; hybrid and sliding-window targets
+keep the chain). `tree_budget=None` with an adaptive block size lets a `TreePolicy`
+choose per cycle between a plain step, a chain of b and a tree of n nodes; 0: chains only.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from typing import Callable, Generator, Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .adaptive import BlockSizePolicy
+from .adaptive import BlockSizePolicy, CycleWidths, TreePolicy, Width
 from .cache import PromptCache
 from .cycles import Cycle, Cycles
 from .drafter import Drafter, check_fit
@@ -86,10 +93,11 @@ def generate_step(
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
     limit = options.block_limit(draft_model)
-    cycles, policy = _setup(model, draft_model, options, prompt_cache, policy, limit)
+    cycles, policy, trees = _setup(model, draft_model, options, prompt_cache, policy, limit)
     stats = stats if stats is not None else GenerationStats()
-    stats.block_size, stats.adaptive = limit, policy is not None
-    sizes = _Sizes(policy, limit, draft_model is not None, max_tokens)
+    fixed_tree = options.tree_budget if trees and options.tree_budget else None
+    stats.block_size, stats.adaptive, stats.tree_budget = limit, policy is not None, fixed_tree
+    sizes = CycleWidths(policy, limit, draft_model is not None, max_tokens, fixed_tree, trees)
     clock = _Clock(stats, policy)
     start = stats.prompt_cached = cycles.cache.reuse(prompt, with_drafter=draft_model is not None)
     done = cycles.prefill(prompt, start, prompt_progress_callback)
@@ -97,7 +105,8 @@ def generate_step(
     while True:
         if done.ready:  # a drafted block: its acceptance informs this choice
             clock.charge(done)
-        size = sizes.next(produced)
+        width = sizes.next(produced)
+        size = width.size
         # Queue the next plain step on the lazy token before reading it (unless the caller
         # stops here at max_tokens): the host sync then overlaps the next step's compute.
         nxt = cycles.plain(done) if sizes.run_ahead(size, produced) else None
@@ -106,7 +115,9 @@ def generate_step(
             clock.charge(done)
         with clock.paused():
             yield done.tokens, done.accepted, done.logprobs
-        if nxt is None:
+        if nxt is None and width.tree:
+            nxt = cycles.tree(done.last, width.nodes, sizes.depth(produced))
+        elif nxt is None:
             nxt = cycles.plain(done) if size == 1 else cycles.speculate(done.last, size)
         produced += len(nxt.tokens) if nxt.ready else 1
         done = nxt
@@ -119,10 +130,10 @@ def _setup(
     cache: Optional[PromptCache],
     policy: Optional[BlockSizePolicy],
     limit: int,
-) -> tuple[Cycles, Optional[BlockSizePolicy]]:
+) -> tuple[Cycles, Optional[BlockSizePolicy], bool]:
     """The target adapter, the cache and the block-size policy (at most `limit`) of one
-    generation, checked against each other. Returns the cycles and the policy (None for
-    a fixed block size)."""
+    generation, checked against each other. Returns the cycles, the policy (None for a
+    fixed block size or tree budget) and whether cycles may be trees."""
     target = make_target(model, draft_model.config.target_layer_ids if draft_model else ())
     target.use_kernels(options.use_kernels)
     if draft_model is not None:
@@ -134,35 +145,24 @@ def _setup(
         )
     cache = cache if cache is not None else PromptCache(model, draft_model)
     cache.use_drafter(draft_model)
-    if options.adaptive(draft_model):
-        policy = cache.policy = policy or cache.policy or BlockSizePolicy(limit)
+    trees = draft_model is not None and options.tree_budget != 0 and target.supports_trees(cache.target)
+    if options.adaptive(draft_model) and not (trees and options.tree_budget):
+        if policy is None:  # the cache's, if it weighs trees exactly when this run may
+            kept = cache.policy
+            policy = kept if kept is not None and isinstance(kept, TreePolicy) == trees else None
+        policy = cache.policy = policy or (TreePolicy(limit) if trees else BlockSizePolicy(limit))
     else:
         policy = None
     full_blocks = policy is not None
-    return Cycles(target, draft_model, cache, options.sampling, options.profile, full_blocks), policy
+    return Cycles(target, draft_model, cache, options.sampling, options.profile, full_blocks), policy, trees
 
 
-@dataclass
-class _Sizes:
-    """The block size of each cycle: the policy's choice or the fixed size, never
-    verifying past `max_tokens`."""
-
-    policy: Optional[BlockSizePolicy]
-    limit: int  # the fixed block size, or the largest the policy may choose; 1: no drafter
-    drafting: bool
-    max_tokens: Optional[int]
-
-    def next(self, produced: int) -> int:
-        """The size of the cycle after `produced` tokens."""
-        left = max(1, self.max_tokens - produced) if self.max_tokens is not None else self.limit
-        if self.policy is not None:
-            return self.policy.choose(left)
-        return max(2, min(self.limit, left)) if self.drafting else 1  # a fixed block verifies at least 2
-
-    def run_ahead(self, size: int, produced: int) -> bool:
-        """Whether a plain step is queued before the token it feeds is read (not when the
-        caller stops at max_tokens)."""
-        return size == 1 and (self.max_tokens is None or produced < self.max_tokens)
+def make_policy(model: nn.Module, draft_model: Drafter, tree_budget: Optional[int] = None) -> BlockSizePolicy:
+    """A fresh adaptive policy to carry across calls (`policy=`): a `TreePolicy` where the
+    target has trees and `tree_budget` is None, else a chain-only `BlockSizePolicy`."""
+    B = draft_model.config.block_size
+    trees = tree_budget is None and make_target(model).supports_trees(make_target_cache(model))
+    return TreePolicy(B) if trees else BlockSizePolicy(B)
 
 
 class _Clock:
@@ -183,10 +183,10 @@ class _Clock:
             self.stats.prompt_time = seconds
             return
         if self.policy is not None:
-            self.policy.update(cycle.size, cycle.accepted, seconds)
+            self.policy.update_width(Width(cycle.size, cycle.tree), cycle.accepted, seconds)
         self.stats.draft_time += cycle.drafting
         self.stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
-        self.stats.record(cycle.size, cycle.accepted)
+        self.stats.record(cycle.size, cycle.accepted, cycle.tree)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -363,6 +363,9 @@ def format_stats(response: GenerationResponse) -> str:
         lines.append(f"Acceptance: tau {s['tau']:.2f} over {s['cycles']} cycles; histogram {histogram}")
         kind = f"adaptive, 1..{s['block_size']}" if s["adaptive"] else f"fixed {s['block_size']}"
         lines.append(f"Block size ({kind}): histogram {s['block_size_histogram']}")
+        if any(s["trees"]):
+            widths = ", ".join(f"{w}: {n}" for w, n in s["widths"].items())
+            lines.append(f"Widths: {widths}; {s['drafted_tokens']} draft nodes verified")
         if s["draft_time"]:
             lines.append(f"Time: draft {s['draft_time']:.2f}s, verify {s['verify_time']:.2f}s")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ properties), so tau and the histograms are computed in this one place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 
 def histogram(values: Iterable[int], size: int = 0) -> list[int]:
@@ -34,6 +34,8 @@ class GenerationStats:
     cycles: int = 0
     accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per cycle
     block_sizes: list[int] = field(default_factory=list)  # tokens verified per cycle (1: a plain step)
+    trees: list[bool] = field(default_factory=list)  # per cycle: a draft tree (of block_sizes - 1 nodes)?
+    tree_budget: Optional[int] = None  # the fixed tree size; None: adaptive (or chains only)
     drafted_tokens: int = 0  # draft tokens proposed
     accepted_drafted_tokens: int = 0
     draft_time: float = 0.0  # seconds; split from verify_time only when profiling
@@ -67,11 +69,22 @@ class GenerationStats:
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.generation_time if self.generation_time else 0.0
 
-    def record(self, size: int, accepted: int) -> None:
-        """Count one cycle that verified `size` tokens and accepted `accepted` drafts."""
+    @property
+    def widths(self) -> dict[str, int]:
+        """Cycles by what they verified ("plain", "chain b", "tree n"), most frequent first."""
+        counts: dict[str, int] = {}
+        for size, tree in zip(self.block_sizes, self.trees):
+            key = f"tree {size - 1}" if tree else "plain" if size == 1 else f"chain {size}"
+            counts[key] = counts.get(key, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+    def record(self, size: int, accepted: int, tree: bool = False) -> None:
+        """Count one cycle that verified `size` tokens (a tree: `size - 1` nodes) and
+        accepted `accepted` drafts."""
         self.cycles += 1
         self.accepted_lengths.append(accepted + 1)
         self.block_sizes.append(size)
+        self.trees.append(tree)
         self.drafted_tokens += size - 1
         self.accepted_drafted_tokens += accepted
 
@@ -88,6 +101,9 @@ class GenerationStats:
             "adaptive": self.adaptive,
             "block_sizes": list(self.block_sizes),
             "block_size_histogram": self.size_histogram,
+            "trees": list(self.trees),
+            "tree_budget": self.tree_budget,
+            "widths": self.widths,
             "drafted_tokens": self.drafted_tokens,
             "accepted_drafted_tokens": self.accepted_drafted_tokens,
             "generated_tokens": self.generated_tokens,

@@ -7,7 +7,8 @@ order its `__call__` does, and keep the outputs of the layers the drafter reads.
 `Target` here is the adapter for plain decoders (llama, mistral, qwen2, qwen3, qwen3_moe)
 and the base of the other families' adapters in `targets/`, whose `make_target(model)`
 picks the adapter for the model's type. A verify forward can be undone
-with a `rollback.Checkpoint` (see `rollback.py`).
+with a `rollback.Checkpoint` (see `rollback.py`). A draft tree is verified by
+`tree_forward`, where the families and caches allow it (`supports_trees`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Optional, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from .kernels import decoder
 from .rollback import Checkpoint
@@ -126,6 +128,26 @@ class Target:
             checkpoint.record(i, h)
         layer = self.layers[i]
         return decoder.decoder_layer(layer, h, mask, cache) if explicit else layer(h, mask, cache)
+
+    def supports_trees(self, cache: Sequence[Any]) -> bool:
+        """Whether `tree_forward` can verify a draft tree on `cache`: every layer one the
+        explicit path runs at per-row positions, every cache one `rollback.keep_rows`
+        compacts (sliding windows and recurrent states keep the chain)."""
+        kv = all(type(c) in (KVCache, QuantizedKVCache) for c in cache)
+        return kv and len(cache) == len(self.layers) and decoder.tree_supports(self.layers)
+
+    def tree_forward(self, tokens: mx.array, cache: Sequence[Any], positions: mx.array,
+                     mask: mx.array) -> tuple[mx.array, Optional[mx.array]]:
+        """A tree verify: tokens (1, m) (root + nodes), row i at RoPE position positions[i]
+        (m,), attending as mask (m, cache + m) allows. The rows join the cache in tree
+        order; `rollback.keep_rows` keeps the accepted path. Returns what `forward` does."""
+        h = self.embed(tokens)
+        captured = {}
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+            h = decoder.decoder_layer(layer, h, mask, c, positions=positions, kernels=self.kernels)
+            if i in self.capture_layers:
+                captured[i] = h
+        return self.body.norm(h), self._features(captured)
 
     def replay(self, layer: int, inputs: mx.array, cache: Any) -> None:
         """Feed a recurrent layer's `inputs` (1, n, hidden) through it again, to rebuild

@@ -43,6 +43,15 @@ ARGS = {
                         final_logit_softcapping=5.0, tie_word_embeddings=True),
 }
 ARGS["gemma4"] = dict(vocab_size=VOCAB, text_config=dict(ARGS["gemma4_text"], model_type="gemma4_text"))
+ARGS["llama"] = dict(**_COMMON, num_hidden_layers=3, intermediate_size=128, attention_bias=True)
+ARGS["mistral"] = dict(ARGS["llama"], attention_bias=False)
+ARGS["qwen2"] = dict({k: v for k, v in _COMMON.items() if k != "head_dim"}, num_hidden_layers=3,
+                     intermediate_size=128)
+# a llama with sliding-window layers (mlx-lm gives them a RotatingKVCache)
+ARGS["llama_swa"] = dict(ARGS["llama"], sliding_window=WINDOW,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+#: mlx-lm module and model type of the entries that are not named after theirs
+MODULES = {"mistral": ("llama", "mistral"), "llama_swa": ("llama", "llama")}
 
 FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gemma4_text", "gemma4"]
 
@@ -50,9 +59,10 @@ FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gem
 def tiny_target(family: str, seed: int = 0, scale: float = 1.0):
     """A float32 random `family` model. `scale` multiplies every weight matrix (larger
     weights give sharper, more varied greedy continuations than the init's near-uniform ones)."""
-    module = importlib.import_module(f"mlx_lm.models.{family}")
+    name, kind = MODULES.get(family, (family, family))
+    module = importlib.import_module(f"mlx_lm.models.{name}")
     mx.random.seed(seed)
-    model = module.Model(module.ModelArgs.from_dict(dict(ARGS[family], model_type=family)))
+    model = module.Model(module.ModelArgs.from_dict(dict(ARGS[family], model_type=kind)))
     if scale != 1.0:
         from mlx.utils import tree_map
 

@@ -1,0 +1,180 @@
+"""Draft trees in the decoding loop, on tiny random mlx-lm targets (float32):
+
+* greedy output token-identical to mlx-lm's own greedy decoding with trees on (fixed
+  budgets and the adaptive policy) on every family that gets trees, with a random
+  drafter and with scripted drafters that put the right token at chosen ranks (so that
+  walks go down second and third branches, to every depth);
+* `tree_budget=0` is the chain exactly (same tokens, same cycles);
+* hybrid gated-delta and sliding-window targets fall back to the chain, with no error;
+* sampling at T = 1 with top-p through tree cycles: the first three tokens follow the
+  target's own joint distribution (chi-square), with an oracle drafter whose trees hold
+  the target's likely tokens.
+"""
+
+from __future__ import annotations
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache as make_target_cache
+
+from dflash_mlx.drafter import Drafter
+from dflash_mlx.sampling import probabilities
+from dflash_mlx.speculative import GenerationStats, generate_step
+from dflash_mlx.target import Target
+from dflash_mlx.targets import make_target
+from test_sampling import assert_fits
+from test_targets import BLOCK, drafter_config, prompt_of, random_drafter, reference
+from tiny_targets import VOCAB, tiny_target
+
+TREE_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
+
+
+def run(model, prompt, drafter, n: int, **kw) -> tuple[list[int], GenerationStats]:
+    """Our first n tokens and the run's stats."""
+    tokens, stats = [], GenerationStats()
+    for committed, _, _ in generate_step(prompt, model, drafter, max_tokens=n, stats=stats, **kw):
+        tokens += committed
+        if len(tokens) >= n:
+            return tokens[:n], stats
+
+
+class RankedDrafter(Drafter):
+    """Puts the true next token at rank `rank(cycle, k)` of block position k (0: first;
+    None: nowhere near), below decoys: a chain accepts only rank-0 tokens, a tree also
+    the others it holds."""
+
+    def __init__(self, target: Target, truth: list[int], rank):
+        super().__init__(drafter_config(target))
+        self.truth, self.rank, self.cycle = truth, rank, 0
+
+    def propose(self, block, cache, target):
+        start, rows = cache[0].offset, []
+        for k in range(1, block.shape[1]):
+            true = self.truth[start + k] if start + k < len(self.truth) else 0
+            r = self.rank(self.cycle, k)
+            row = np.full(VOCAB, -8.0, dtype=np.float32)
+            for j in range(3):  # decoys above the true token, then below it
+                row[(true + 1 + j) % VOCAB] = 3.0 - j if r is not None and j < r else -1.0 - j
+            if r is not None:
+                row[true] = 3.0 - r
+            rows.append(row)
+        self.cycle += 1
+        return mx.array(np.stack(rows))
+
+
+RANKS = [
+    lambda c, k: 0,
+    lambda c, k: 1,
+    lambda c, k: (c + k) % 3,
+    lambda c, k: None if k == 3 else k % 2,
+    lambda c, k: [0, 2, 1, 0, 1][(c * 7 + k) % 5],
+]
+
+
+@pytest.fixture(scope="module", params=TREE_FAMILIES)
+def family(request):
+    model = tiny_target(request.param, scale=2.0)
+    return request.param, model, make_target(model)
+
+
+@pytest.mark.parametrize("budget", [4, 16, None])
+def test_greedy_with_trees_is_mlx_lm_greedy(family, budget):
+    name, model, target = family
+    accepted = set()
+    for i, (length, n) in enumerate([(5, 28), (13, 24)]):
+        prompt = prompt_of(length, i)
+        ref = reference(model, prompt, n)
+        got, stats = run(model, prompt, random_drafter(target, i), n, tree_budget=budget)
+        assert got == ref, (name, budget, "random")
+        for rank in RANKS:
+            drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, rank)
+            got, stats = run(model, prompt, drafter, n, tree_budget=budget)
+            assert got == ref, (name, budget, length)
+            if budget is not None:
+                assert all(stats.trees) and max(stats.block_sizes) == budget + 1
+            accepted.update(a for a, t in zip(stats.accepted_lengths, stats.trees) if t)
+    assert accepted >= ({1, 2, BLOCK} if budget == 16 else {1, 2}), accepted
+
+
+def test_tree_budget_zero_is_the_chain(family):
+    name, model, target = family
+    prompt = prompt_of(7, 3)
+    ref = reference(model, prompt, 30)
+    runs = [
+        run(model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 30, block_size=BLOCK, **kw)
+        for kw in ({}, {"tree_budget": 0})
+    ]
+    assert runs[0][0] == runs[1][0] == ref
+    assert runs[0][1].block_sizes == runs[1][1].block_sizes and not any(runs[1][1].trees)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next", "gpt_oss", "llama_swa"])
+def test_hybrid_and_sliding_targets_keep_the_chain(name):
+    model = tiny_target(name, scale=2.0)
+    target = make_target(model)
+    prompt = prompt_of(11, 5)
+    ref = reference(model, prompt, 20)
+    for budget in (8, None):
+        got, stats = run(
+            model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 20, tree_budget=budget
+        )
+        assert got == ref and not any(stats.trees) and stats.tree_budget is None
+
+
+class OracleDrafter(Drafter):
+    """Drafts from the target itself: position k gets the target's logits after the
+    context, the root and the target's greedy tokens 1..k-1 (so a tree's first level holds
+    the likely samples, and deeper levels the greedy path's)."""
+
+    def __init__(self, model, target: Target, context: list[int]):
+        super().__init__(drafter_config(target))
+        self.model, self.context = model, context
+
+    def propose(self, block, cache, target):
+        tokens, rows = self.context[: cache[0].offset] + [block[0, 0].item()], []
+        for _ in range(block.shape[1] - 1):
+            logits = self.model(mx.array(tokens)[None], make_target_cache(self.model))[0, -1]
+            rows.append(logits)
+            tokens.append(int(mx.argmax(logits).item()))
+        return mx.stack(rows)
+
+
+@pytest.mark.slow  # about half a minute: 1,200 generations
+def test_sampling_through_trees_follows_the_target():
+    """First three tokens at T = 1, top-p 0.9, every cycle a tree of 6 nodes: exactly
+    plain sampling's p(t1) p(t2 | t1) p(t3 | t1 t2) (chi-square on the likely outcomes)."""
+    model = tiny_target("qwen3", scale=2.0)
+    target = make_target(model)
+    prompt, temp, top_p, runs = prompt_of(6, 9), 1.0, 0.9, 1200
+
+    def dist(tokens: list[int]) -> np.ndarray:
+        logits = model(mx.array(prompt + tokens)[None], make_target_cache(model))[0, -1]
+        return np.array(probabilities(logits, temp, top_p))
+
+    samples, through = [], 0
+    for seed in range(runs):
+        mx.random.seed(seed)
+        context = list(prompt)
+        drafter = OracleDrafter(model, target, context)
+        tokens, stats = [], GenerationStats()
+        for committed, _, _ in generate_step(
+            prompt, model, drafter, tree_budget=6, temp=temp, top_p=top_p, stats=stats
+        ):
+            tokens += committed
+            context += committed
+            if len(tokens) >= 3:
+                break
+        through += any(a >= 2 for a in stats.accepted_lengths)
+        samples.append(tuple(tokens[:3]))
+    first = dist([])
+    exact = {}
+    for a in np.flatnonzero(first > 0.02):
+        second = dist([int(a)])
+        for b in np.flatnonzero(second > 0.02):
+            third = dist([int(a), int(b)])
+            for c in np.flatnonzero(third > 0.02):
+                exact[(int(a), int(b), int(c))] = first[a] * second[b] * third[c]
+    assert_fits(samples, exact, "first three tokens through tree cycles")
+    assert through > runs // 4  # walks accepted drafts in many runs
