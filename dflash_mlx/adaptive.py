@@ -339,8 +339,8 @@ class TreePolicy(BlockSizePolicy):
     def _settle(self, width: Width, challenged: Width, accepted: int, challenger: float) -> None:
         """After a probe of `width` against `challenged` (whose expected rate was `challenger`):
         look again at once if the probe moved the best, about as often if it paid, else
-        back off, up to the interval at which probes lose at most `explore` of the rate
-        (a wider width can commit less than the one it challenges: a chain against a tree)."""
+        back off, up to the interval at which probes lose at most `explore` of the time
+        (a probe's loss counts the tokens too: a chain can commit less than a tree)."""
         costs = self.costs()
         cost = self.width_cost(width, costs)
         if self.best_width() != challenged:
@@ -348,9 +348,10 @@ class TreePolicy(BlockSizePolicy):
         elif (accepted + 1) / cost > challenger:
             self.wait = max(1, self.wait // self.backoff)
         else:
-            best = self.expected(challenged) / self.width_cost(challenged, costs)
-            loss = max(0.0, 1.0 - self.expected(width) / cost / best)
-            self.wait = min(self.backoff * self.wait, max(1, math.ceil(loss / self.explore)))
+            # time a probe loses: its cost less what the best width needs for its tokens
+            best_cost = self.width_cost(challenged, costs)
+            lost = max(0.0, cost - self.expected(width) * best_cost / self.expected(challenged))
+            self.wait = min(self.backoff * self.wait, max(1, math.ceil(lost / (self.explore * best_cost))))
 
 
 @dataclass
