@@ -32,6 +32,7 @@ import numpy as np
 
 from .sampling import log_softmax
 
+
 @dataclass(frozen=True)
 class Tree:
     """A draft tree in best-first layout: node 0 the root, parents[i] < i for i >= 1."""
