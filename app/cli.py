@@ -23,7 +23,7 @@ from dflash_mlx.options import DecodeOptions, OptionError
 
 #: The decoding defaults, which the options below show (`DecodeOptions` owns them).
 DEFAULTS = DecodeOptions()
-TREE_HELP = "Draft-tree nodes per cycle (plain attention targets; 0: chains only; default: chosen per cycle)."
+TREE_HELP = "Draft-tree nodes per cycle (plain attention targets; 0 or default: chains)."
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DFlash speculative decoding on MLX.")
 

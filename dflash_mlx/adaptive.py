@@ -338,12 +338,12 @@ class TreePolicy(BlockSizePolicy):
 
     def _settle(self, width: Width, challenged: Width, accepted: int, challenger: float) -> None:
         """After a probe of `width` against `challenged` (whose expected rate was `challenger`):
-        look again at once if the probe moved the best, about as often if it paid, else
+        look again at once if the probe is now best, about as often if it paid, else
         back off, up to the interval at which probes lose at most `explore` of the time
         (a probe's loss counts the tokens too: a chain can commit less than a tree)."""
         costs = self.costs()
         cost = self.width_cost(width, costs)
-        if self.best_width() != challenged:
+        if self.best_width() == width:  # the probe is best now: look on at once
             self.wait = 1
         elif (accepted + 1) / cost > challenger:
             self.wait = max(1, self.wait // self.backoff)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
+from dflash_mlx.adaptive import TreePolicy
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import probabilities
 from dflash_mlx.speculative import GenerationStats, generate_step
@@ -79,6 +80,11 @@ def family(request):
     return request.param, model, make_target(model)
 
 
+def _kind(budget):
+    """A fixed tree budget, or (None) the adaptive policy that weighs trees."""
+    return {"tree_budget": budget} if budget is not None else {"policy": TreePolicy(BLOCK)}
+
+
 @pytest.mark.parametrize("budget", [4, 16, None])
 def test_greedy_with_trees_is_mlx_lm_greedy(family, budget):
     name, model, target = family
@@ -86,11 +92,11 @@ def test_greedy_with_trees_is_mlx_lm_greedy(family, budget):
     for i, (length, n) in enumerate([(5, 28), (13, 24)]):
         prompt = prompt_of(length, i)
         ref = reference(model, prompt, n)
-        got, stats = run(model, prompt, random_drafter(target, i), n, tree_budget=budget)
+        got, stats = run(model, prompt, random_drafter(target, i), n, **_kind(budget))
         assert got == ref, (name, budget, "random")
         for rank in RANKS:
             drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, rank)
-            got, stats = run(model, prompt, drafter, n, tree_budget=budget)
+            got, stats = run(model, prompt, drafter, n, **_kind(budget))
             assert got == ref, (name, budget, length)
             if budget is not None:
                 assert all(stats.trees) and max(stats.block_sizes) == budget + 1
@@ -118,7 +124,7 @@ def test_hybrid_and_sliding_targets_keep_the_chain(name):
     ref = reference(model, prompt, 20)
     for budget in (8, None):
         got, stats = run(
-            model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 20, tree_budget=budget
+            model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 20, **_kind(budget)
         )
         assert got == ref and not any(stats.trees) and stats.tree_budget is None
 
