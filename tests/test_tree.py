@@ -27,7 +27,7 @@ from dflash_mlx.sampling import filter_logprobs, log_softmax
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import Tree, build_tree, top_candidates, walk
-from test_sampling import assert_fits
+from chi_square import assert_fits
 from tiny_targets import VOCAB, tiny_target
 
 TREE_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]

@@ -25,7 +25,7 @@ from dflash_mlx.sampling import probabilities
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
-from test_sampling import assert_fits
+from chi_square import assert_fits
 from test_targets import BLOCK, drafter_config, prompt_of, random_drafter, reference
 from tiny_targets import VOCAB, tiny_target
 
