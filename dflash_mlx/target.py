@@ -88,8 +88,7 @@ class Target:
         head = self.lm.lm_head
         if hasattr(head, "scales"):
             biases = head.biases[ids] if getattr(head, "biases", None) is not None else None
-            return mx.dequantize(head.weight[ids], head.scales[ids], biases, group_size=head.group_size,
-                                 bits=head.bits)
+            return mx.dequantize(head.weight[ids], head.scales[ids], biases, group_size=head.group_size, bits=head.bits)
         return head.weight[ids]
 
     def _masks(self, h: mx.array, cache: Sequence[Any]) -> list[Any]:
@@ -106,8 +105,9 @@ class Target:
     def _features(self, captured: dict[int, mx.array]) -> Optional[mx.array]:
         return mx.concatenate([captured[i] for i in self.capture_layers], axis=-1) if captured else None
 
-    def forward(self, tokens: mx.array, cache: Sequence[Any], capture: bool = True,
-                checkpoint: Optional[Checkpoint] = None) -> tuple[mx.array, Optional[mx.array]]:
+    def forward(
+        self, tokens: mx.array, cache: Sequence[Any], capture: bool = True, checkpoint: Optional[Checkpoint] = None
+    ) -> tuple[mx.array, Optional[mx.array]]:
         """tokens: (1, L). Returns (normed hidden (1, L, hidden), features (1, L, k * hidden) or None).
         With a `checkpoint`, the inputs of the layers it may have to replay are recorded."""
         h = self.embed(tokens)
@@ -120,8 +120,9 @@ class Target:
                 captured[i] = h
         return self.body.norm(h), self._features(captured)
 
-    def layer_forward(self, i: int, h: mx.array, mask: Any, cache: Any, explicit: bool,
-                      checkpoint: Optional[Checkpoint]) -> mx.array:
+    def layer_forward(
+        self, i: int, h: mx.array, mask: Any, cache: Any, explicit: bool, checkpoint: Optional[Checkpoint]
+    ) -> mx.array:
         """Layer i on h (1, L, hidden): through the kernel path when `explicit` (a verify-sized
         forward with kernels on), else the layer's own call; a checkpoint records its input."""
         if checkpoint is not None:
@@ -136,8 +137,9 @@ class Target:
         kv = all(type(c) in (KVCache, QuantizedKVCache) for c in cache)
         return kv and len(cache) == len(self.layers) and decoder.tree_supports(self.layers)
 
-    def tree_forward(self, tokens: mx.array, cache: Sequence[Any], positions: mx.array,
-                     mask: mx.array) -> tuple[mx.array, Optional[mx.array]]:
+    def tree_forward(
+        self, tokens: mx.array, cache: Sequence[Any], positions: mx.array, mask: mx.array
+    ) -> tuple[mx.array, Optional[mx.array]]:
         """A tree verify: tokens (1, m) (root + nodes), row i at RoPE position positions[i]
         (m,), attending as mask (m, cache + m) allows. The rows join the cache in tree
         order; `rollback.keep_rows` keeps the accepted path. Returns what `forward` does."""

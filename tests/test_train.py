@@ -26,10 +26,19 @@ def target_features(target, tokens, layer_ids):
 
 def tiny_target(vocab=64, layers=4, hidden=32, seed=0):
     mx.random.seed(seed)
-    args = llama.ModelArgs(model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
-                           intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                           rms_norm_eps=1e-5, vocab_size=vocab, head_dim=hidden // 4, rope_theta=10000.0,
-                           tie_word_embeddings=True)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        head_dim=hidden // 4,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
     model = llama.Model(args)
     mx.eval(model.parameters())
     model.freeze()
@@ -37,8 +46,13 @@ def tiny_target(vocab=64, layers=4, hidden=32, seed=0):
 
 
 def tiny_drafter(model, layers=2, block_size=8, ids=(0, 2), seed=1):
-    cfg = make_config(make_target(model), num_layers=layers, target_layer_ids=list(ids), block_size=block_size,
-                      mask_token_id=model.args.vocab_size - 1)
+    cfg = make_config(
+        make_target(model),
+        num_layers=layers,
+        target_layer_ids=list(ids),
+        block_size=block_size,
+        mask_token_id=model.args.vocab_size - 1,
+    )
     mx.random.seed(seed)
     d = Drafter(cfg)
     mx.eval(d.parameters())
@@ -156,8 +170,17 @@ def random_training_data(tmp_path, monkeypatch, model, max_token: int):
     data = tmp_path / "train.jsonl"
     with open(data, "w") as fh:
         for i in range(8):
-            fh.write(json.dumps({"id": str(i), "source": "t", "prompt_ids": rng.integers(0, max_token, 5).tolist(),
-                                 "completion_ids": rng.integers(0, max_token, 20).tolist()}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": str(i),
+                        "source": "t",
+                        "prompt_ids": rng.integers(0, max_token, 5).tolist(),
+                        "completion_ids": rng.integers(0, max_token, 20).tolist(),
+                    }
+                )
+                + "\n"
+            )
     monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, TinyTok()))
     return data
 
@@ -174,6 +197,7 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
 
     # Self-distillation data: the tiny target's own greedy continuations.
     from mlx_lm.generate import generate_step
+
     rng = np.random.default_rng(0)
     data = tmp_path / "train.jsonl"
     prompts = []
@@ -188,9 +212,20 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, TinyTok()))
 
     out = tmp_path / "drafter"
-    args = TrainArgs(data=str(data), out=str(out), num_layers=1, target_layer_ids=[1, 3], block_size=8,
-                     batch_size=4, num_anchors=16, epochs=12, lr=3e-3, progress=False, log_every=6,
-                     checkpoint_every=1000)
+    args = TrainArgs(
+        data=str(data),
+        out=str(out),
+        num_layers=1,
+        target_layer_ids=[1, 3],
+        block_size=8,
+        batch_size=4,
+        num_anchors=16,
+        epochs=12,
+        lr=3e-3,
+        progress=False,
+        log_every=6,
+        checkpoint_every=1000,
+    )
     result = train(args, log=lambda s: None)
     hist = result["history"]
     assert hist[-1]["loss"] < hist[0]["loss"] * 0.7
@@ -230,12 +265,21 @@ def test_checkpoint_and_resume(tmp_path, monkeypatch):
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
     out = tmp_path / "d"
-    common = dict(data=str(data), out=str(out), num_layers=1, target_layer_ids=[1, 3], block_size=4,
-                  batch_size=2, num_anchors=4, progress=False, checkpoint_every=1)
+    common = dict(
+        data=str(data),
+        out=str(out),
+        num_layers=1,
+        target_layer_ids=[1, 3],
+        block_size=4,
+        batch_size=2,
+        num_anchors=4,
+        progress=False,
+        checkpoint_every=1,
+    )
     first = train(TrainArgs(max_steps=3, **common), log=lambda s: None)
     assert first["step"] == 3
     assert (out / "checkpoint" / "state.json").is_file()
-    load_drafter_dir(out / "checkpoint")                     # the checkpoint is itself a drafter
+    load_drafter_dir(out / "checkpoint")  # the checkpoint is itself a drafter
     load_drafter_dir(out)
     second = train(TrainArgs(max_steps=5, resume=True, **common), log=lambda s: None)
     assert second["step"] == 5
@@ -249,9 +293,23 @@ def test_sampled_vocabulary_loss(tmp_path, monkeypatch):
 
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=20)
-    result = train(TrainArgs(data=str(data), out=str(tmp_path / "d"), num_layers=1, target_layer_ids=[1, 3],
-                             block_size=4, batch_size=2, num_anchors=4, progress=False, max_steps=4, log_every=1,
-                             loss_vocab="sampled", negatives=8), log=lambda s: None)
+    result = train(
+        TrainArgs(
+            data=str(data),
+            out=str(tmp_path / "d"),
+            num_layers=1,
+            target_layer_ids=[1, 3],
+            block_size=4,
+            batch_size=2,
+            num_anchors=4,
+            progress=False,
+            max_steps=4,
+            log_every=1,
+            loss_vocab="sampled",
+            negatives=8,
+        ),
+        log=lambda s: None,
+    )
     assert result["step"] == 4 and all(np.isfinite(h["loss"]) for h in result["history"])
 
 

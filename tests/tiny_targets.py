@@ -15,41 +15,100 @@ VOCAB = 256
 HIDDEN = 64
 WINDOW = 8
 
-_LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-               linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2)
-_COMMON = dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
-               rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False)
-_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
-            norm_topk_prob=True, mlp_only_layers=[])
+_LINEAR = dict(
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=2,
+)
+_COMMON = dict(
+    hidden_size=HIDDEN,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=VOCAB,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+_MOE = dict(
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    decoder_sparse_step=1,
+    norm_topk_prob=True,
+    mlp_only_layers=[],
+)
 
 ARGS = {
     "qwen3": dict(**_COMMON, num_hidden_layers=4, intermediate_size=128, rope_theta=10000.0),
     "qwen3_moe": dict(**_COMMON, **_MOE, num_hidden_layers=4, intermediate_size=128, rope_theta=10000.0),
-    "qwen3_5": dict(text_config=dict(**_COMMON, **_LINEAR, model_type="qwen3_5", num_hidden_layers=4,
-                                     intermediate_size=128)),
-    "qwen3_5_moe": dict(text_config=dict(**_COMMON, **_LINEAR, **_MOE, model_type="qwen3_5_moe", num_hidden_layers=4,
-                                         intermediate_size=128, shared_expert_intermediate_size=32)),
-    "qwen3_next": dict(**_COMMON, **_LINEAR, **_MOE, num_hidden_layers=4, intermediate_size=128, rope_theta=10000.0,
-                       partial_rotary_factor=0.25, shared_expert_intermediate_size=32),
-    "gpt_oss": dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
-                    num_hidden_layers=4, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                    sliding_window=WINDOW, rope_theta=10000,
-                    layer_types=["sliding_attention", "full_attention"] * 2),
-    "gemma4_text": dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        global_head_dim=32, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB,
-                        num_hidden_layers=6, intermediate_size=64, num_kv_shared_layers=3,
-                        hidden_size_per_layer_input=8, sliding_window=WINDOW,
-                        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
-                        final_logit_softcapping=5.0, tie_word_embeddings=True),
+    "qwen3_5": dict(
+        text_config=dict(**_COMMON, **_LINEAR, model_type="qwen3_5", num_hidden_layers=4, intermediate_size=128)
+    ),
+    "qwen3_5_moe": dict(
+        text_config=dict(
+            **_COMMON,
+            **_LINEAR,
+            **_MOE,
+            model_type="qwen3_5_moe",
+            num_hidden_layers=4,
+            intermediate_size=128,
+            shared_expert_intermediate_size=32,
+        )
+    ),
+    "qwen3_next": dict(
+        **_COMMON,
+        **_LINEAR,
+        **_MOE,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.25,
+        shared_expert_intermediate_size=32,
+    ),
+    "gpt_oss": dict(
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=VOCAB,
+        num_hidden_layers=4,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=WINDOW,
+        rope_theta=10000,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    ),
+    "gemma4_text": dict(
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        vocab_size=VOCAB,
+        vocab_size_per_layer_input=VOCAB,
+        num_hidden_layers=6,
+        intermediate_size=64,
+        num_kv_shared_layers=3,
+        hidden_size_per_layer_input=8,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        final_logit_softcapping=5.0,
+        tie_word_embeddings=True,
+    ),
 }
 ARGS["gemma4"] = dict(vocab_size=VOCAB, text_config=dict(ARGS["gemma4_text"], model_type="gemma4_text"))
 ARGS["llama"] = dict(**_COMMON, num_hidden_layers=3, intermediate_size=128, attention_bias=True)
 ARGS["mistral"] = dict(ARGS["llama"], attention_bias=False)
-ARGS["qwen2"] = dict({k: v for k, v in _COMMON.items() if k != "head_dim"}, num_hidden_layers=3,
-                     intermediate_size=128)
+ARGS["qwen2"] = dict({k: v for k, v in _COMMON.items() if k != "head_dim"}, num_hidden_layers=3, intermediate_size=128)
 # a llama with sliding-window layers (mlx-lm gives them a RotatingKVCache)
-ARGS["llama_swa"] = dict(ARGS["llama"], sliding_window=WINDOW,
-                         layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+ARGS["llama_swa"] = dict(
+    ARGS["llama"], sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"]
+)
 #: mlx-lm module and model type of the entries that are not named after theirs
 MODULES = {"mistral": ("llama", "mistral"), "llama_swa": ("llama", "llama")}
 

@@ -40,10 +40,17 @@ def answer_text(tokenizer: Any, completion_ids: Sequence[int]) -> str:
     return tokenizer.decode(ids)
 
 
-def generate_answers(model: Any, tokenizer: Any, prompts: list[dict], max_tokens: int,
-                     batch_size: int = 32, max_prompt_tokens: int = 512, temp: float = 0.0,
-                     on_batch: Optional[Callable[[list[dict], float], None]] = None,
-                     poll: Optional[Callable[[], Any]] = None) -> Iterator[dict]:
+def generate_answers(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[dict],
+    max_tokens: int,
+    batch_size: int = 32,
+    max_prompt_tokens: int = 512,
+    temp: float = 0.0,
+    on_batch: Optional[Callable[[list[dict], float], None]] = None,
+    poll: Optional[Callable[[], Any]] = None,
+) -> Iterator[dict]:
     """Answer prompts with `mlx_lm.batch_generate` (greedy, or sampled at `temp`), yielding
     records. An answer that stopped at EOS ends with that EOS id, so the drafter also learns
     to predict the end. Each call hands the generator four batches of prompts: rows that
@@ -63,19 +70,27 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[dict], max_tokens
         return sample(logits)
 
     for start in range(0, len(prompts), chunk):
-        batch = prompts[start: start + chunk]
+        batch = prompts[start : start + chunk]
         encoded = [encode_prompt(tokenizer, p)[-max_prompt_tokens:] for p in batch]
         t0 = time.perf_counter()
-        resp = batch_generate(model, tokenizer, encoded, max_tokens=max_tokens, return_token_ids=True,
-                              completion_batch_size=batch_size, sampler=sampler)
+        resp = batch_generate(
+            model,
+            tokenizer,
+            encoded,
+            max_tokens=max_tokens,
+            return_token_ids=True,
+            completion_batch_size=batch_size,
+            sampler=sampler,
+        )
         dt = time.perf_counter() - t0
         records = []
         for p, ids, out in zip(batch, encoded, resp.token_ids):
             out = [int(t) for t in out]
             if eos is not None and len(out) < max_tokens:
                 out.append(int(eos))
-            records.append({"id": p["id"] + suffix, "source": p["source"], "prompt_ids": ids,
-                            "completion_ids": out, "temp": temp})
+            records.append(
+                {"id": p["id"] + suffix, "source": p["source"], "prompt_ids": ids, "completion_ids": out, "temp": temp}
+            )
         if on_batch is not None:
             on_batch(records, dt)
         yield from records
@@ -98,11 +113,22 @@ def split_prompts(out_dir: Path, prompts: list[dict], heldout: int, seed: int) -
     return train, held
 
 
-def build_dataset(out_dir: str | Path, sources: Sequence[str] = ("chat", "math", "stdlib", "humaneval"),
-                  model_path: Optional[str] = None, num_prompts: Optional[int] = None,
-                  heldout: int = 40, max_tokens: int = 160, batch_size: int = 32, seed: int = 0,
-                  temp: float = 0.0, log: Callable[[str], None] = print, *, turns: int = 1,
-                  threads: Optional[int | str] = None, progress: bool = False) -> dict:
+def build_dataset(
+    out_dir: str | Path,
+    sources: Sequence[str] = ("chat", "math", "stdlib", "humaneval"),
+    model_path: Optional[str] = None,
+    num_prompts: Optional[int] = None,
+    heldout: int = 40,
+    max_tokens: int = 160,
+    batch_size: int = 32,
+    seed: int = 0,
+    temp: float = 0.0,
+    log: Callable[[str], None] = print,
+    *,
+    turns: int = 1,
+    threads: Optional[int | str] = None,
+    progress: bool = False,
+) -> dict:
     """Write ``train.jsonl`` (appended batch by batch, so training can start on partial
     data), ``heldout.jsonl`` and ``meta.json`` under out_dir. Resumes: prompts whose id is
     already in train.jsonl are skipped. Runs at several temperatures append to the same
@@ -126,13 +152,23 @@ def build_dataset(out_dir: str | Path, sources: Sequence[str] = ("chat", "math",
     done = {r["id"] for r in iter_records(train_file)} if train_file.exists() else set()
     suffix = (f"/turns{turns}" if turns > 1 else "") + (f"@t{temp:g}" if temp > 0 else "")
     todo = [p for p in train if p["id"] + suffix not in done]
-    meta = {"sources": list(sources), "model": model_path or "default", "max_tokens": max_tokens,
-            "heldout": len(held), "train_prompts": len(train), "seed": seed, "temp": temp, "turns": turns}
+    meta = {
+        "sources": list(sources),
+        "model": model_path or "default",
+        "max_tokens": max_tokens,
+        "heldout": len(held),
+        "train_prompts": len(train),
+        "seed": seed,
+        "temp": temp,
+        "turns": turns,
+    }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     model, tokenizer = load(model_path)
     control = ThreadControl(threads)
-    log(f"{len(prompts)} prompts: {len(train)} train ({len(train) - len(todo)} done), {len(held)} held out; "
-        f"{control.describe()}")
+    log(
+        f"{len(prompts)} prompts: {len(train)} train ({len(train) - len(todo)} done), {len(held)} held out; "
+        f"{control.describe()}"
+    )
     mx.random.seed(seed + len(done))
     stats: dict = {"tokens": 0, "seconds": 0.0, "records": len(train) - len(todo), "line": ""}
     bar = StepBar(len(train), stats["records"], progress, "answers")
@@ -148,11 +184,23 @@ def build_dataset(out_dir: str | Path, sources: Sequence[str] = ("chat", "math",
 
     if turns > 1:
         held_users = NearDuplicates(m["content"] for p in held for m in p["messages"] if m["role"] == "user")
-        records = answer_conversations(model, tokenizer, todo, turns, max_tokens, batch_size, temp, held_users,
-                                       seed, on_batch=on_batch, poll=control.poll)
+        records = answer_conversations(
+            model,
+            tokenizer,
+            todo,
+            turns,
+            max_tokens,
+            batch_size,
+            temp,
+            held_users,
+            seed,
+            on_batch=on_batch,
+            poll=control.poll,
+        )
     else:
-        records = generate_answers(model, tokenizer, todo, max_tokens, batch_size, temp=temp, on_batch=on_batch,
-                                   poll=control.poll)
+        records = generate_answers(
+            model, tokenizer, todo, max_tokens, batch_size, temp=temp, on_batch=on_batch, poll=control.poll
+        )
     with bar, open(train_file, "a") as fh:
         for rec in records:
             fh.write(json.dumps(rec) + "\n")

@@ -18,9 +18,18 @@ from ..options import DecodeOptions
 from .prompts import collect_prompts
 
 
-def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], *, max_tokens: int = 128,
-             temps: Sequence[float] = (0.0, 1.0), block_size: Optional[int] = None, seed: int = 0,
-             log: Optional[Callable[[str], None]] = None) -> dict:
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    drafter: Any,
+    prompts: Sequence[dict],
+    *,
+    max_tokens: int = 128,
+    temps: Sequence[float] = (0.0, 1.0),
+    block_size: Optional[int] = None,
+    seed: int = 0,
+    log: Optional[Callable[[str], None]] = None,
+) -> dict:
     """Run every prompt at every temperature with a fixed block (the drafter's B unless
     given: tau measures the drafter, not the adaptive policy); returns
     {temp: {source: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}}."""
@@ -42,8 +51,9 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
             s = responses[-1].stats.to_dict()
             covered = sum(r.token in vocab for r in responses) if vocab is not None else 0
             for key in (p.get("source", "prompts"), "all"):
-                agg = per.setdefault(key, {"accepted_lengths": [], "tokens": 0, "seconds": 0.0, "prompts": 0,
-                                           "covered": 0})
+                agg = per.setdefault(
+                    key, {"accepted_lengths": [], "tokens": 0, "seconds": 0.0, "prompts": 0, "covered": 0}
+                )
                 agg["accepted_lengths"] += s["accepted_lengths"]
                 agg["tokens"] += s["generated_tokens"]
                 agg["seconds"] += dt
@@ -55,10 +65,15 @@ def evaluate(model: Any, tokenizer: Any, drafter: Any, prompts: Sequence[dict], 
         for key, agg in per.items():
             lengths = agg["accepted_lengths"]
             hist = histogram(lengths, B)
-            out[key] = {"tau": round(tau(sum(lengths), len(lengths)), 3), "histogram": hist,
-                        "position_acceptance": position_acceptance(hist),
-                        "cycles": len(lengths), "tokens": agg["tokens"], "prompts": agg["prompts"],
-                        "tokens_per_s": round(agg["tokens"] / max(agg["seconds"], 1e-9), 2)}
+            out[key] = {
+                "tau": round(tau(sum(lengths), len(lengths)), 3),
+                "histogram": hist,
+                "position_acceptance": position_acceptance(hist),
+                "cycles": len(lengths),
+                "tokens": agg["tokens"],
+                "prompts": agg["prompts"],
+                "tokens_per_s": round(agg["tokens"] / max(agg["seconds"], 1e-9), 2),
+            }
             if vocab is not None:
                 out[key]["vocab_coverage"] = round(agg["covered"] / max(agg["tokens"], 1), 4)
         results[f"{temp:g}"] = out
@@ -80,8 +95,10 @@ def format_table(results: dict) -> str:
     """tau by prompt kind (rows, "all" last) and temperature (columns), as a Markdown table."""
     temps = list(results)
     kinds = sorted({k for per in results.values() for k in per}, key=lambda k: (k == "all", k))
-    lines = ["| kind | prompts | " + " | ".join(f"tau T={t}" for t in temps) + " |",
-             "|---|---:|" + "---:|" * len(temps)]
+    lines = [
+        "| kind | prompts | " + " | ".join(f"tau T={t}" for t in temps) + " |",
+        "|---|---:|" + "---:|" * len(temps),
+    ]
     for kind in kinds:
         cells = [f"{results[t][kind]['tau']:.2f}" if kind in results[t] else "-" for t in temps]
         prompts = next(results[t][kind]["prompts"] for t in temps if kind in results[t])
@@ -97,8 +114,10 @@ def format_results(results: dict) -> str:
         lines.append(f"temperature {temp}")
         for key, r in sorted(per.items(), key=lambda kv: (kv[0] == "all", kv[0])):
             coverage = f", {r['vocab_coverage']:.1%} in the draft vocab" if "vocab_coverage" in r else ""
-            lines.append(f"  {key:<12} tau {r['tau']:5.2f}  ({r['cycles']} cycles, {r['tokens']} tokens{coverage}, "
-                         f"{r['tokens_per_s']:.1f} tok/s)  histogram {r['histogram']}")
+            lines.append(
+                f"  {key:<12} tau {r['tau']:5.2f}  ({r['cycles']} cycles, {r['tokens']} tokens{coverage}, "
+                f"{r['tokens_per_s']:.1f} tok/s)  histogram {r['histogram']}"
+            )
             if key == "all":
                 acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["position_acceptance"])
                 lines.append(f"  per-position acceptance (drafts 1..): {acc}")

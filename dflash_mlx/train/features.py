@@ -28,8 +28,11 @@ from ..target import Target
 
 from ..targets import make_target
 
-_FILES = {"features": ("features.f16", np.float16), "teacher_ids": ("teacher_ids.i32", np.int32),
-          "teacher_logits": ("teacher_lg.f16", np.float16)}
+_FILES = {
+    "features": ("features.f16", np.float16),
+    "teacher_ids": ("teacher_ids.i32", np.int32),
+    "teacher_logits": ("teacher_lg.f16", np.float16),
+}
 
 
 class FeatureStore:
@@ -43,7 +46,8 @@ class FeatureStore:
         if meta_file.is_file():
             old = json.loads(meta_file.read_text())
             if {k: old.get(k) for k in ("layer_ids", "width", "top_k")} != {
-                    k: meta[k] for k in ("layer_ids", "width", "top_k")}:
+                k: meta[k] for k in ("layer_ids", "width", "top_k")
+            }:
                 raise ValueError(f"feature cache {self.path} was built for {old}; use another --features dir")
         else:
             meta_file.write_text(json.dumps(meta) + "\n")
@@ -88,7 +92,7 @@ class FeatureStore:
     def get(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(features (n, width) f16, teacher ids (n, K) i32, teacher logits (n, K) f16)."""
         start, n = self.index[key]
-        return tuple(self._map(name)[start: start + n] for name in _FILES)  # type: ignore[return-value]
+        return tuple(self._map(name)[start : start + n] for name in _FILES)  # type: ignore[return-value]
 
     def add(self, key: str, features: np.ndarray, teacher_ids: np.ndarray, teacher_logits: np.ndarray) -> None:
         """Append one sequence; it is indexed only once all its rows are on disk."""
@@ -103,8 +107,9 @@ class FeatureStore:
         self.rows += n
 
 
-def target_pass(target: Target, tokens: mx.array, layer_ids: Sequence[int], top_k: int
-                ) -> tuple[mx.array, mx.array, mx.array]:
+def target_pass(
+    target: Target, tokens: mx.array, layer_ids: Sequence[int], top_k: int
+) -> tuple[mx.array, mx.array, mx.array]:
     """One forward of the target over a right-padded (S, L) batch (the causal mask keeps
     padding out of real positions). Returns the concatenated outputs of `layer_ids`
     (S, L, k * hidden), and the top-K next-token ids and their logits (S, L, K). Logits,
@@ -117,8 +122,14 @@ def target_pass(target: Target, tokens: mx.array, layer_ids: Sequence[int], top_
     return features, ids, mx.take_along_axis(logits, ids, axis=-1)
 
 
-def fill_store(store: FeatureStore, target: Target, seqs: dict[str, list[int]], layer_ids: Sequence[int],
-               batch_tokens: int = 2048, on_progress: Optional[Callable[[int, int], None]] = None) -> int:
+def fill_store(
+    store: FeatureStore,
+    target: Target,
+    seqs: dict[str, list[int]],
+    layer_ids: Sequence[int],
+    batch_tokens: int = 2048,
+    on_progress: Optional[Callable[[int, int], None]] = None,
+) -> int:
     """Compute and store the sequences of `seqs` (key -> token ids) not yet in the store,
     batched by length. Returns how many were added."""
     todo = sorted((k for k in seqs if k not in store), key=lambda k: len(seqs[k]))

@@ -66,26 +66,44 @@ def as_arch(cfg: DrafterConfig, dflash2: Optional[dict] = None) -> DrafterConfig
     return Drafter2Config(**values, **dflash2) if dflash2 else DrafterConfig(**values)
 
 
-def make_config(target: Target, *, num_layers: int = 5, target_layer_ids: Optional[Sequence[int]] = None,
-                block_size: int = 16, mask_token_id: int, intermediate_size: Optional[int] = None,
-                num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
-                dflash2: Optional[dict] = None) -> DrafterConfig:
+def make_config(
+    target: Target,
+    *,
+    num_layers: int = 5,
+    target_layer_ids: Optional[Sequence[int]] = None,
+    block_size: int = 16,
+    mask_token_id: int,
+    intermediate_size: Optional[int] = None,
+    num_heads: Optional[int] = None,
+    num_kv_heads: Optional[int] = None,
+    dflash2: Optional[dict] = None,
+) -> DrafterConfig:
     """A drafter config for `target`: hidden size, head dims, RoPE and vocabulary follow the
     target; depth, feature layers and block size are the paper's defaults unless given.
     `dflash2`: the DFlash2 fields of a DFlash2 drafter (None: a v1 drafter)."""
     args = target.args  # the text model's (multimodal wrappers nest it)
     heads = num_heads or args.num_attention_heads
     ids = list(target_layer_ids) if target_layer_ids else training_layer_ids(target.num_layers)
-    return as_arch(DrafterConfig(
-        hidden_size=args.hidden_size, num_hidden_layers=num_layers, num_attention_heads=heads,
-        num_key_value_heads=num_kv_heads or getattr(args, "num_key_value_heads", None) or heads,
-        intermediate_size=intermediate_size or args.intermediate_size, vocab_size=args.vocab_size,
-        num_target_layers=target.num_layers, target_layer_ids=ids, mask_token_id=int(mask_token_id),
-        block_size=block_size, head_dim=getattr(args, "head_dim", None) or args.hidden_size // heads,
-        rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6), rope_theta=getattr(args, "rope_theta", 10000.0),
-        rope_scaling=_rope_scaling(args),
-        max_position_embeddings=getattr(args, "max_position_embeddings", None) or 40960,
-    ), dflash2)
+    return as_arch(
+        DrafterConfig(
+            hidden_size=args.hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=num_kv_heads or getattr(args, "num_key_value_heads", None) or heads,
+            intermediate_size=intermediate_size or args.intermediate_size,
+            vocab_size=args.vocab_size,
+            num_target_layers=target.num_layers,
+            target_layer_ids=ids,
+            mask_token_id=int(mask_token_id),
+            block_size=block_size,
+            head_dim=getattr(args, "head_dim", None) or args.hidden_size // heads,
+            rms_norm_eps=getattr(args, "rms_norm_eps", 1e-6),
+            rope_theta=getattr(args, "rope_theta", 10000.0),
+            rope_scaling=_rope_scaling(args),
+            max_position_embeddings=getattr(args, "max_position_embeddings", None) or 40960,
+        ),
+        dflash2,
+    )
 
 
 def _rope_scaling(args) -> Optional[dict]:
@@ -97,8 +115,17 @@ def _rope_scaling(args) -> Optional[dict]:
     return scaling if kind != "default" else None
 
 
-_LAYER_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+_LAYER_PARTS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+)
 
 
 def warm_start_sources(drafter: Drafter) -> list[int]:
@@ -129,10 +156,12 @@ def warm_start(drafter: Drafter, target: Target) -> None:
     k, hidden = len(cfg.target_layer_ids), cfg.hidden_size
     deepest = cfg.target_layer_ids.index(max(cfg.target_layer_ids))
     fc = np.zeros((hidden, k * hidden), dtype=np.float32)
-    fc[:, deepest * hidden: (deepest + 1) * hidden] = np.eye(hidden, dtype=np.float32)
-    weights += [("fc.weight", mx.array(fc)),
-                ("hidden_norm.weight", target.layers[warm_start_sources(drafter)[0]].input_layernorm.weight),
-                ("norm.weight", target.body.norm.weight)]
+    fc[:, deepest * hidden : (deepest + 1) * hidden] = np.eye(hidden, dtype=np.float32)
+    weights += [
+        ("fc.weight", mx.array(fc)),
+        ("hidden_norm.weight", target.layers[warm_start_sources(drafter)[0]].input_layernorm.weight),
+        ("norm.weight", target.body.norm.weight),
+    ]
     drafter.load_weights(weights, strict=False)
     mx.eval(drafter.parameters())
 

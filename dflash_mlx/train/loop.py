@@ -87,8 +87,9 @@ class Trainer:
         self.refresh_data()
         if not resuming:
             self._initialize()
-        self.optimizer = optim.AdamW(learning_rate=args.lr, betas=[0.9, args.adam_beta2],
-                                     weight_decay=args.weight_decay)
+        self.optimizer = optim.AdamW(
+            learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
+        )
         if resuming and (ck / "optimizer.npz").is_file():
             self.optimizer.init(self.drafter.trainable_parameters())
             self.optimizer.state = tree_unflatten(list(mx.load(str(ck / "optimizer.npz")).items()))
@@ -119,8 +120,13 @@ class Trainer:
                 missing = sum(k not in store for k, _, _ in seqs)
                 if missing:
                     with count_bar("features", missing, self.args.progress, self.log) as advance:
-                        fill_store(store, self.target, {k: t for k, t, _ in seqs}, self.cfg.target_layer_ids,
-                                   on_progress=lambda done, total: (advance(done), self.threads.poll()))
+                        fill_store(
+                            store,
+                            self.target,
+                            {k: t for k, t, _ in seqs},
+                            self.cfg.target_layer_ids,
+                            on_progress=lambda done, total: (advance(done), self.threads.poll()),
+                        )
         if self.world > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
@@ -134,16 +140,23 @@ class Trainer:
             drafter = init_from(a.init_from, a.block_size, a.dflash2_fields())
         else:
             mask_id = a.mask_token_id if a.mask_token_id is not None else default_mask_token_id(self.tokenizer)
-            cfg = make_config(target, num_layers=a.num_layers, target_layer_ids=a.target_layer_ids,
-                              block_size=a.block_size, mask_token_id=mask_id, intermediate_size=a.intermediate_size,
-                              dflash2=a.dflash2_fields())
+            cfg = make_config(
+                target,
+                num_layers=a.num_layers,
+                target_layer_ids=a.target_layer_ids,
+                block_size=a.block_size,
+                mask_token_id=mask_id,
+                intermediate_size=a.intermediate_size,
+                dflash2=a.dflash2_fields(),
+            )
             check_config(cfg)
             mx.random.seed(a.seed)
             drafter = cfg.make_drafter()
             neutral_dflash2(drafter)
             mx.eval(drafter.parameters())
-        check_fit(drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size,
-                  vocab_size=target.vocab_size)
+        check_fit(
+            drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
+        )
         return drafter
 
     def _initialize(self) -> None:
@@ -221,8 +234,14 @@ class Trainer:
         c, v = np.array(correct).reshape(-1, B), np.array(valid).reshape(-1, B)
         st.positions += int(v.sum()) * self.world
         tau_sum, blocks = block_acceptance(c, v, B)
-        return {"loss": loss.item(), "grad_norm": gnorm.item(), "correct": c.sum(0), "count": v.sum(0),
-                "tau_sum": tau_sum, "blocks": blocks}
+        return {
+            "loss": loss.item(),
+            "grad_norm": gnorm.item(),
+            "correct": c.sum(0),
+            "count": v.sum(0),
+            "tau_sum": tau_sum,
+            "blocks": blocks,
+        }
 
     def heldout_tau(self) -> Optional[float]:
         """Greedy tau of the current drafter on the first held-out prompts (real decoding)."""
@@ -233,8 +252,9 @@ class Trainer:
         from .evaluate import evaluate
 
         prompts = read_prompt_file(held)[: self.args.eval_prompts]
-        res = evaluate(self.model, self.tokenizer, self.drafter, prompts, max_tokens=self.args.eval_tokens,
-                       temps=(0.0,))
+        res = evaluate(
+            self.model, self.tokenizer, self.drafter, prompts, max_tokens=self.args.eval_tokens, temps=(0.0,)
+        )
         return res["0"]["all"]["tau"]
 
     def run(self) -> dict:
@@ -242,13 +262,15 @@ class Trainer:
         B = self.cfg.block_size
         if self.rank == 0:
             n_params = sum(v.size for _, v in tree_flatten(self.drafter.parameters()))
-            self.log(f"{len(self.seqs)} sequences, {sum(len(t) for _, t, _ in self.seqs)} tokens; drafter "
-                     f"{self.cfg.num_hidden_layers} layers, {n_params / 1e6:.1f}M params, features "
-                     f"{self.cfg.target_layer_ids}, B={B}, mask {self.cfg.mask_token_id}, {self.cfg.architecture}, "
-                     f"init {a.init_from or a.init}; "
-                     f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
-                     + (f"; {self.world} ranks" if self.world > 1 else "")
-                     + f"; {self.threads.describe()}, {st.core_seconds / 3600:.3f} core-hours so far")
+            self.log(
+                f"{len(self.seqs)} sequences, {sum(len(t) for _, t, _ in self.seqs)} tokens; drafter "
+                f"{self.cfg.num_hidden_layers} layers, {n_params / 1e6:.1f}M params, features "
+                f"{self.cfg.target_layer_ids}, B={B}, mask {self.cfg.mask_token_id}, {self.cfg.architecture}, "
+                f"init {a.init_from or a.init}; "
+                f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
+                + (f"; {self.world} ranks" if self.world > 1 else "")
+                + f"; {self.threads.describe()}, {st.core_seconds / 3600:.3f} core-hours so far"
+            )
         log_file = None
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -298,8 +320,13 @@ class Trainer:
         if self.rank == 0:
             save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
             self.log(f"{st.core_seconds / 3600:.3f} core-hours of training in all ({st.elapsed:.0f}s)")
-        return {"step": st.step, "elapsed": st.elapsed, "core_seconds": st.core_seconds, "history": history,
-                "drafter": self.drafter}
+        return {
+            "step": st.step,
+            "elapsed": st.elapsed,
+            "core_seconds": st.core_seconds,
+            "history": history,
+            "drafter": self.drafter,
+        }
 
 
 def train(args: TrainArgs, log: Callable[[str], None] = print) -> dict:

@@ -58,8 +58,9 @@ def loss_weights(block_size: int, gamma: Optional[float] = None) -> mx.array:
     return mx.array((w / w.sum()).astype(np.float32))
 
 
-def sample_anchors(spans: Sequence[tuple[int, int]], num_anchors: int, rng: np.random.Generator
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def sample_anchors(
+    spans: Sequence[tuple[int, int]], num_anchors: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Sorted distinct anchor positions inside the target-written spans [start, end) of a
     sequence (a single-turn answer is one span; a conversation has one per assistant turn):
     start <= a <= end - 2, so the block's first token is the target's and at least one
@@ -88,9 +89,13 @@ class Batch:
     teacher_logits: Optional[mx.array] = None  # (S*A, B, K) and their logits
 
 
-def make_batch(seqs: Sequence[tuple[list[int], int | Sequence[tuple[int, int]]]], block_size: int,
-               num_anchors: int, mask_token_id: int, rng: np.random.Generator
-               ) -> tuple[Optional[Batch], list[int], np.ndarray]:
+def make_batch(
+    seqs: Sequence[tuple[list[int], int | Sequence[tuple[int, int]]]],
+    block_size: int,
+    num_anchors: int,
+    mask_token_id: int,
+    rng: np.random.Generator,
+) -> tuple[Optional[Batch], list[int], np.ndarray]:
     """Pad sequences and sample anchors (short answers repeat their last block, weight 0).
     A sequence comes with its target-written spans, or with its prompt length (one span:
     the answer to the end). Returns the batch (None if no sequence has room for a block),
@@ -121,9 +126,13 @@ def make_batch(seqs: Sequence[tuple[list[int], int | Sequence[tuple[int, int]]]]
     labels = np.where(valid, labels, 0)
     block = np.full((S, A, B), mask_token_id, dtype=np.int32)
     block[:, :, 0] = np.take_along_axis(tokens, anchors, axis=1)
-    batch = Batch(tokens=mx.array(tokens), anchors=mx.array(anchors),
-                  block_tokens=mx.array(block.reshape(S * A, B)), labels=mx.array(labels.reshape(S * A, B)),
-                  valid=mx.array(valid.reshape(S * A, B).astype(np.float32)))
+    batch = Batch(
+        tokens=mx.array(tokens),
+        anchors=mx.array(anchors),
+        block_tokens=mx.array(block.reshape(S * A, B)),
+        labels=mx.array(labels.reshape(S * A, B)),
+        valid=mx.array(valid.reshape(S * A, B).astype(np.float32)),
+    )
     return batch, keep, pos
 
 
@@ -163,8 +172,14 @@ def distill_loss(logits: mx.array, teacher_ids: mx.array, teacher_logits: mx.arr
     return -(p * mx.take_along_axis(student, teacher_ids, axis=-1)).sum(axis=-1)
 
 
-def selector_loss(selector: CandidateSelector, hidden: mx.array, logits: mx.array, predecessors: mx.array,
-                  labels: mx.array, ids: Optional[mx.array] = None) -> tuple[mx.array, mx.array]:
+def selector_loss(
+    selector: CandidateSelector,
+    hidden: mx.array,
+    logits: mx.array,
+    predecessors: mx.array,
+    labels: mx.array,
+    ids: Optional[mx.array] = None,
+) -> tuple[mx.array, mx.array]:
     """The selector's teacher-forced loss (see the module docstring) and its picks.
     hidden (N, B, hidden) and logits (N, B, V) of the blocks; predecessors (N, B): the true
     token id before each position; labels (N, B): the true token as a column of `logits`;
@@ -183,9 +198,15 @@ def selector_loss(selector: CandidateSelector, hidden: mx.array, logits: mx.arra
     return mx.where(is_label.any(-1), ce, 0.0), pick
 
 
-def loss_fn(drafter: Drafter, target: Target, batch: Batch, weights: mx.array, distill: float,
-            vocab: Optional[mx.array] = None, selector_weight: float = 1.0
-            ) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+def loss_fn(
+    drafter: Drafter,
+    target: Target,
+    batch: Batch,
+    weights: mx.array,
+    distill: float,
+    vocab: Optional[mx.array] = None,
+    selector_weight: float = 1.0,
+) -> tuple[mx.array, tuple[mx.array, mx.array]]:
     """Position-weighted (1 - distill) * cross-entropy + distill * distillation, plus
     selector_weight * the selector's loss for a DFlash2 drafter. With `vocab` (sorted ids),
     logits cover that vocabulary only (the head's rows for it, as a draft vocabulary uses
@@ -198,8 +219,9 @@ def loss_fn(drafter: Drafter, target: Target, batch: Batch, weights: mx.array, d
     N, B, V = logits.shape
     per = nn.losses.cross_entropy(logits, batch.labels, reduction="none")  # (N, B)
     if distill > 0:
-        kd = distill_loss(logits.reshape(N * B, V), batch.teacher_ids.reshape(N * B, -1),
-                          batch.teacher_logits.reshape(N * B, -1)).reshape(N, B)
+        kd = distill_loss(
+            logits.reshape(N * B, V), batch.teacher_ids.reshape(N * B, -1), batch.teacher_logits.reshape(N * B, -1)
+        ).reshape(N, B)
         per = (1 - distill) * per + distill * kd
     pick = mx.argmax(logits, axis=-1)
     if isinstance(drafter, Drafter2):

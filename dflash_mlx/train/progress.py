@@ -49,18 +49,29 @@ class Meter:
     def describe(self, st: TrainState, lr: float) -> str:
         acc = self.correct / np.maximum(self.count, 1)
         B = self.B
-        self.last = (f"loss {self.loss or 0:.3f} | acc@1 {acc[1]:.2f} @2 {acc[2]:.2f} @4 {acc[min(4, B - 1)]:.2f} "
-                     f"| tau~{self.tau_sum / max(self.blocks, 1):.2f}"
-                     + (f" held-out {self.heldout:.2f}" if self.heldout is not None else "")
-                     + f" | {self._rate(st):.0f} pos/s | lr {lr:.1e}")
+        self.last = (
+            f"loss {self.loss or 0:.3f} | acc@1 {acc[1]:.2f} @2 {acc[2]:.2f} @4 {acc[min(4, B - 1)]:.2f} "
+            f"| tau~{self.tau_sum / max(self.blocks, 1):.2f}"
+            + (f" held-out {self.heldout:.2f}" if self.heldout is not None else "")
+            + f" | {self._rate(st):.0f} pos/s | lr {lr:.1e}"
+        )
         return self.last
 
     def record(self, st: TrainState, lr: float) -> dict:
         acc = self.correct / np.maximum(self.count, 1)
-        return {"step": st.step, "elapsed": round(st.elapsed, 1), "loss": round(self.loss or 0.0, 4),
-                "acc": [round(float(x), 3) for x in acc[1:]], "train_tau": round(self.tau_sum / max(self.blocks, 1), 3),
-                "grad_norm": round(self.gnorm, 3), "lr": lr, "seqs_seen": st.seen, "positions": st.positions,
-                "positions_per_s": round(self._rate(st), 1), "core_hours": round(st.core_seconds / 3600, 5)}
+        return {
+            "step": st.step,
+            "elapsed": round(st.elapsed, 1),
+            "loss": round(self.loss or 0.0, 4),
+            "acc": [round(float(x), 3) for x in acc[1:]],
+            "train_tau": round(self.tau_sum / max(self.blocks, 1), 3),
+            "grad_norm": round(self.gnorm, 3),
+            "lr": lr,
+            "seqs_seen": st.seen,
+            "positions": st.positions,
+            "positions_per_s": round(self._rate(st), 1),
+            "core_hours": round(st.core_seconds / 3600, 5),
+        }
 
 
 class StepBar:
@@ -70,11 +81,23 @@ class StepBar:
     def __init__(self, total: int, done: int, enabled: bool, label: str = "train"):
         self.progress = None
         if enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self.progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.description}"))
+            self.progress = Progress(
+                TextColumn(f"[bold]{label}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+            )
             self.task = self.progress.add_task("", total=total, completed=done)
 
     def __enter__(self) -> "StepBar":
@@ -92,8 +115,7 @@ class StepBar:
 
 
 @contextmanager
-def count_bar(label: str, total: int, enabled: bool, log: Callable[[str], None]
-              ) -> Iterator[Callable[[int], None]]:
+def count_bar(label: str, total: int, enabled: bool, log: Callable[[str], None]) -> Iterator[Callable[[int], None]]:
     """A rich bar over `total` items (or one log line), yielding `advance(done)`."""
     if not enabled:
         log(f"{label}: {total} sequences")

