@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from dflash_mlx.messages import apply_chat_template, read_prompt_file, user_messages
+from dflash_mlx.messages import apply_chat_template, read_prompt_sources, user_messages
 from dflash_mlx.options import DecodeOptions
 from dflash_mlx.stats import histogram, tau
 
@@ -47,6 +47,7 @@ class MethodResult:
     draft_ms: Optional[float] = None  # one draft at the drafter's block size (ours)
     nodes: int = 0  # draft tokens (chain drafts or tree nodes) verified (ours)
     widths: dict[str, int] = field(default_factory=dict)  # cycles by width: "plain", "chain b", "tree n" (ours)
+    runs: list[tuple] = field(default_factory=list)  # each prompt's `add` arguments, for `subset`
 
     def add(
         self,
@@ -59,6 +60,7 @@ class MethodResult:
     ) -> None:
         """Count one prompt's run: its tokens per yield, time, draft/verify cycles, block
         sizes, and (ours) the stats view's nodes verified and widths."""
+        self.runs.append((chunks, seconds, cycles, committed, sizes, view))
         tokens = [t for c in chunks for t in c]
         self.tokens += len(tokens) - len(chunks[0])
         self.seconds += seconds
@@ -70,6 +72,13 @@ class MethodResult:
             self.nodes += view["drafted_tokens"]
             for width, n in view["widths"].items():
                 self.widths[width] = self.widths.get(width, 0) + n
+
+    def subset(self, prompts: Sequence[int]) -> "MethodResult":
+        """This method's result on some of the prompts (by index)."""
+        out = MethodResult(self.name, draft_ms=self.draft_ms)
+        for i in prompts:
+            out.add(*self.runs[i])
+        return out
 
     @property
     def tokens_per_second(self) -> float:
@@ -216,8 +225,10 @@ def run_bench(
     fixed_sizes: Sequence[int] = (),
     draft_vocab: Optional[str] = None,
     fixed_trees: Sequence[int] = (),
+    kinds: Optional[Sequence[str]] = None,
 ) -> dict:
-    """Benchmark and return a JSON-able report with one row per method. `draft_path`
+    """Benchmark and return a JSON-able report with one row per method (and, where
+    `kinds` gives the prompts more than one kind, the rows of each kind). `draft_path`
     "random" measures the loop's overhead with an untrained drafter. Ours decodes with
     `options` (adaptive block size: one policy across the prompts, as a chat keeps one),
     once more with each of `fixed_sizes`, and once more for each further draft vocabulary
@@ -245,6 +256,7 @@ def run_bench(
                 fixed_sizes,
                 draft_vocab,
                 fixed_trees,
+                kinds,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
@@ -262,6 +274,11 @@ def run_bench(
     for result in results:
         if result.name in timed:
             result.draft_ms = draft_milliseconds(model, timed[result.name])
+    by_kind = {}
+    if kinds and len(set(kinds)) > 1:
+        for kind in sorted(set(kinds)):
+            picked = [i for i, k in enumerate(kinds) if k == kind]
+            by_kind[kind] = {"prompts": len(picked), "results": _rows([r.subset(picked) for r in results])}
     return {
         "model": model_dir,
         "draft": str(draft_dir),
@@ -270,6 +287,7 @@ def run_bench(
         "max_tokens": max_tokens,
         "prompts": len(prompts),
         "results": _rows(results),
+        "by_kind": by_kind,
     }
 
 
@@ -295,9 +313,9 @@ def _methods(
         chunks, seconds, _ = _clock(stream, lambda r: [r.token])
         return chunks, seconds, 0, 0
 
-    def ours(options: DecodeOptions, drafter=drafter, trees: bool = False) -> Callable:
+    def ours(options: DecodeOptions, drafter=drafter) -> Callable:
         adaptive = options.adaptive(drafter) and not options.tree_budget
-        policy = make_policy(model, drafter, trees) if adaptive else None
+        policy = make_policy(model, drafter, options.tree_budget != 0) if adaptive else None
 
         def run(prompt):
             stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)
@@ -313,8 +331,8 @@ def _methods(
         if size != options.block_size and 2 <= size <= drafter.config.block_size:
             methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))
     block = options.block_limit(drafter)
-    if fixed_trees and options.adaptive(drafter):  # the adaptive policy that weighs trees too
-        methods["dflash-mlx adaptive + trees"] = ours(options, trees=True)
+    if fixed_trees and options.adaptive(drafter) and options.tree_budget is None:  # ours without trees
+        methods["dflash-mlx adaptive, chains"] = ours(replace(options, tree_budget=0))
     for budget in fixed_trees:
         name = f"dflash-mlx B={block} " + (f"tree {budget}" if budget else "chain")
         methods[name] = ours(replace(options, block_size=block, tree_budget=budget))
@@ -347,15 +365,31 @@ def markdown_table(report: dict) -> str:
             f"| {draft_ms} | {nodes} | {widths} | {sizes} | "
             f"{'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _kind_table(report))
 
 
-def read_prompts(path: Path) -> list[str]:
-    """The user prompts of a prompt file (`dflash_mlx.messages.read_prompt_file`)."""
-    prompts = [r["messages"][-1]["content"] for r in read_prompt_file(path)]
-    if not prompts:
-        raise ValueError(f"no prompts in {path}")
-    return prompts
+def _kind_table(report: dict) -> list[str]:
+    """Speedup over mlx-lm and tau per prompt kind (rows) and method (columns), "all" last."""
+    by_kind = report.get("by_kind")
+    if not by_kind:
+        return []
+    names = [r["method"] for r in report["results"]]
+    head = "| kind | prompts | mlx-lm tok/s | " + " | ".join(names[1:]) + " |"
+    lines = ["", head, "|---|---:|---:|" + "---:|" * (len(names) - 1)]
+    kinds = list(by_kind.items()) + [("**all**", {"prompts": report["prompts"], "results": report["results"]})]
+    for kind, entry in kinds:
+        rows = entry["results"]
+        cells = [f"{r['speedup']:.2f}x" + (f", tau {r['tau']:.2f}" if r["tau"] else "") for r in rows[1:]]
+        base = f"| {kind} | {entry['prompts']} | {rows[0]['tokens_per_second']:.1f} | "
+        lines.append(base + " | ".join(cells) + " |")
+    return lines
+
+
+def read_prompts(sources: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The user prompts of prompt files or shipped held-out sets
+    (`dflash_mlx.messages.read_prompt_sources`) and the kind of each."""
+    records = read_prompt_sources(sources)
+    return [r["messages"][-1]["content"] for r in records], [r["set"] for r in records]
 
 
 def write_json(report: dict, path: Path) -> None:

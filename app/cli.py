@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import typer
 
@@ -120,8 +120,12 @@ def bench(
         "--draft",
         help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead).",
     ),
-    prompts: Optional[Path] = typer.Option(
-        None, "--prompts", help="A text file (one prompt a line) or JSONL with a 'prompt' field."
+    prompts: Optional[List[str]] = typer.Option(
+        None,
+        "--prompts",
+        help="A prompt file (one prompt a line, or JSONL), or a shipped held-out set: heldout (all 40), chat, "
+        "code, math, stdlib. Repeatable; a table per kind where the prompts have several "
+        "(default: six built-in prompts).",
     ),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
     block_size: Optional[int] = typer.Option(
@@ -176,11 +180,12 @@ def bench(
             write_json(report, json_out)
         return
     options = DecodeOptions(block_size=block_size, kernels=kernels)
+    texts, kinds = read_prompts(prompts) if prompts else (None, None)
     with console.status("benchmarking") as status:
         report = run_bench(
             model,
             draft,
-            read_prompts(prompts) if prompts else None,
+            texts,
             max_tokens,
             options,
             reference,
@@ -188,6 +193,7 @@ def bench(
             fixed_sizes=[int(b) for b in fixed.split(",") if b.strip()],
             draft_vocab=draft_vocab,
             fixed_trees=[int(n) for n in tree_budget.split(",") if n.strip()],
+            kinds=kinds,
         )
     print(markdown_table(report))
     if json_out:

@@ -238,10 +238,11 @@ train_command.__signature__ = options_signature(TRAIN_OPTIONS)  # what typer rea
 
 def eval_command(
     prompts: List[str] = typer.Option(
-        ...,
+        ["heldout"],
         "--prompts",
         "-p",
-        help="heldout.jsonl from `dflash data`, a prompt JSONL, or a built-in source. Repeatable.",
+        help="A prompt file (heldout.jsonl from `dflash data`, any JSONL or text), or a shipped held-out set: "
+        "heldout (all 40), chat, code, math, stdlib. Repeatable.",
     ),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
     draft_vocab: Optional[str] = typer.Option(
@@ -258,12 +259,11 @@ def eval_command(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
 ) -> None:
     """Mean acceptance length tau per prompt set, and the histogram of accepted lengths."""
-    from dflash_mlx.train.evaluate import evaluate, format_results, prompts_for
     from dflash_mlx.loading import load, load_draft
+    from dflash_mlx.messages import read_prompt_sources
+    from dflash_mlx.train.evaluate import evaluate, format_results
 
-    items = prompts_for(prompts, limit)
-    if not items:
-        raise ValueError("no prompts to evaluate")
+    items = read_prompt_sources(prompts)[:limit]
     target, tokenizer = load(model)
     drafter = load_draft(draft, model=target, draft_vocab=draft_vocab)
     results = evaluate(

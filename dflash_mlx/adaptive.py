@@ -90,14 +90,21 @@ class BlockSizePolicy:
         self.hits = [0.0] * max_size
         self.trials = [0.0] * max_size
         self.seconds: dict[int, float] = {}  # measured cycle cost by size
+        self.samples: dict[tuple[int, int], int] = {}  # cycles charged, by (cost table, key)
         self.wait = 1  # cycles between probes
         self.since_probe = 0
         self.reach = 1  # how far past the best size the next probe looks
         self.probe: Optional[tuple[int, int]] = None  # (probed size, the size it challenged)
 
     def acceptance(self, k: int) -> float:
-        """Estimated P(draft k accepted | drafts before it accepted), k >= 1."""
-        return (self.hits[k] + self.prior) / (self.trials[k] + 1.0)
+        """Estimated P(draft k accepted | drafts before it accepted), k >= 1, with one
+        pseudo-trial of prior: `prior`, or the estimate of draft k - 1 where that is lower
+        (a position rarely reached is believed no better than the one before it: a drafter
+        that misses draft 1 is not worth a longer block for a coin flip at draft 2)."""
+        estimate = self.prior
+        for j in range(1, k + 1):
+            estimate = (self.hits[j] + min(self.prior, estimate)) / (self.trials[j] + 1.0)
+        return estimate
 
     def costs(self) -> list[float]:
         """Estimated cost of a cycle of each size (index b - 1; seconds once anything is
@@ -156,10 +163,14 @@ class BlockSizePolicy:
         self.update(width.size, accepted, seconds)
 
     def _charge(self, seconds_by: dict[int, float], key: int, seconds: float) -> None:
-        """Fold one measured cycle into the slow running average `seconds_by[key]`."""
+        """Fold one measured cycle into `seconds_by[key]`: the mean of the first samples,
+        then a slow running average (so that one odd first sample, such as a plain step
+        charged with the queued work before it, is outvoted within a few cycles)."""
+        count = self.samples[id(seconds_by), key] = self.samples.get((id(seconds_by), key), 0) + 1
         old = seconds_by.get(key)
         if old is not None:  # a shared machine's spikes count, but at most triple
-            seconds = self.cost_memory * old + (1 - self.cost_memory) * min(seconds, 3 * old)
+            weight = max(1 - self.cost_memory, 1 / count)
+            seconds = (1 - weight) * old + weight * min(seconds, 3 * old)
         seconds_by[key] = seconds
 
     def update(self, size: int, accepted: int, seconds: float) -> None:

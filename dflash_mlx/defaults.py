@@ -23,6 +23,7 @@ __all__ = [
     "cache_dir",
     "default_model_path",
     "register_default_model",
+    "shipped_asset",
     "shipped_drafter_dir",
 ]
 
@@ -48,13 +49,18 @@ def cache_dir() -> Path:
     return base / "mlx-dflash"
 
 
-def shipped_drafter_dir() -> Path:
-    """The shipped drafter's directory: ``assets/`` beside the package in a checkout or an
+def shipped_asset(name: str) -> Path:
+    """A folder of shipped data (``assets/<name>``) beside the package in a checkout or an
     editable install, else the copy a wheel installs under ``<prefix>/share/mlx-dflash``.
     Returns the checkout location when neither exists (the caller reports it)."""
-    checkout = Path(__file__).resolve().parent.parent / "assets" / SHIPPED_DRAFTER
-    installed = Path(sys.prefix) / "share" / "mlx-dflash" / SHIPPED_DRAFTER
+    checkout = Path(__file__).resolve().parent.parent / "assets" / name
+    installed = Path(sys.prefix) / "share" / "mlx-dflash" / name
     return next((p for p in (checkout, installed) if p.is_dir()), checkout)
+
+
+def shipped_drafter_dir() -> Path:
+    """The shipped drafter's directory (`shipped_asset`)."""
+    return shipped_asset(SHIPPED_DRAFTER)
 
 
 def register_default_model(provider: Callable[[], Path]) -> None:

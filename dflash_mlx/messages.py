@@ -12,7 +12,11 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["apply_chat_template", "read_prompt_file", "user_messages"]
+__all__ = ["HELDOUT_SETS", "apply_chat_template", "read_prompt_file", "read_prompt_sources", "user_messages"]
+
+#: Names of the shipped held-out prompt sets (``assets/prompts/heldout_<name>.jsonl``;
+#: "heldout": all of them, 10 of each kind).
+HELDOUT_SETS = ("heldout", "chat", "code", "math", "stdlib")
 
 _TEXT_FIELDS = ("prompt", "text", "question")
 
@@ -50,18 +54,25 @@ def _record_messages(rec: dict, where: str) -> list[dict]:
 
 
 def read_prompt_file(path: str | Path) -> list[dict]:
-    """Prompts from a file, as ``{"id", "source", "messages"}`` records.
+    """Prompts from a file, as ``{"id", "source", "set", "messages"}`` records.
 
     A JSONL file holds one record a line: ``{"prompt" | "text" | "question": ...}``, a
     JSON string, or ``{"messages": [...]}`` (a chat transcript: the prompt is everything
-    up to and including its last user turn); `id` and `source` (or `set`: the prompt's
-    kind) are kept when present, else they default to ``<file stem>/<line>`` and the
-    file stem. Any other file holds
-    one plain-text prompt a line. Raises a one-line ValueError naming a bad line.
+    up to and including its last user turn); `id`, `source` (where the prompt came from)
+    and `set` (its kind, which bench and eval report by) are kept when present, else they
+    default to ``<file stem>/<line>``, the file stem and the source. Any other file holds
+    one plain-text prompt a line. Raises a one-line ValueError naming the file (and the
+    line) when it is not UTF-8 text or a line is bad.
     """
     path = Path(path)
-    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines()) if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a UTF-8 text file") from None
+    lines = [(i, line) for i, line in enumerate(text.splitlines()) if line.strip()]
     jsonl = bool(lines) and lines[0][1].lstrip().startswith(("{", '"'))
+    if path.suffix == ".jsonl" and lines and not jsonl:
+        raise ValueError(f"{path}:{lines[0][0] + 1}: not valid JSON (a .jsonl file holds one JSON record a line)")
     out = []
     for i, line in lines:
         where = f"{path}:{i + 1}"
@@ -74,11 +85,32 @@ def read_prompt_file(path: str | Path) -> list[dict]:
             rec = line
         if isinstance(rec, str):
             rec = {"prompt": rec}
+        source = str(rec.get("source", rec.get("set", path.stem)))
         out.append(
             {
                 "id": str(rec.get("id", f"{path.stem}/{i}")),
-                "source": str(rec.get("source", rec.get("set", path.stem))),
+                "source": source,
+                "set": str(rec.get("set", source)),
                 "messages": _record_messages(rec, where),
             }
         )
+    return out
+
+
+def read_prompt_sources(sources: Sequence[str]) -> list[dict]:
+    """Prompt records (`read_prompt_file`) from files and/or names of the shipped held-out
+    sets (`HELDOUT_SETS`: the prompts `dflash bench` and `dflash eval` measure on, never
+    trained on). Raises a one-line ValueError for a source that is neither, or no prompts."""
+    from .defaults import shipped_asset
+
+    out = []
+    for source in sources:
+        if source in HELDOUT_SETS and not Path(source).exists():
+            name = "heldout" if source == "heldout" else f"heldout_{source}"
+            source = shipped_asset("prompts") / f"{name}.jsonl"
+        elif not Path(source).is_file():
+            raise ValueError(f"prompts: {source!r} is neither a file nor a held-out set ({', '.join(HELDOUT_SETS)})")
+        out.extend(read_prompt_file(source))
+    if not out:
+        raise ValueError(f"prompts: no prompts in {', '.join(map(str, sources))}")
     return out

@@ -20,6 +20,28 @@ def test_bench_random_drafter_against_mlx_lm_and_zlab(default_model_dir):
     assert table.count("\n| ") == 4 and "z-lab MLX (reference)" in table
 
 
+def test_bench_reports_each_kind(default_model_dir):
+    """Prompts of two kinds: the rows of each kind add up to the whole, and the table says so."""
+    report = run_bench(
+        str(default_model_dir),
+        "random",
+        ["Name a colour.", "2+2?", "Say hi."],
+        max_tokens=6,
+        reference=False,
+        kinds=["chat", "math", "chat"],
+    )
+    by_kind = report["by_kind"]
+    assert list(by_kind) == ["chat", "math"] and [k["prompts"] for k in by_kind.values()] == [2, 1]
+    for i, row in enumerate(report["results"]):
+        assert sum(k["results"][i]["tokens"] for k in by_kind.values()) == row["tokens"]
+        assert all(k["results"][i]["same_tokens_as_mlx_lm"] for k in by_kind.values())
+    table = markdown_table(report)
+    assert "| kind | prompts | mlx-lm tok/s | dflash-mlx (ours) |" in table and "| **all** | 3 |" in table
+    assert (
+        "by_kind" in report and not run_bench(str(default_model_dir), "random", ["Hi."], 4, reference=False)["by_kind"]
+    )
+
+
 def test_bench_cli_writes_json(default_model_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Say hi.\n")

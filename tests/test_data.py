@@ -58,6 +58,14 @@ def test_user_prompt_files_and_transcripts(tmp_path):
         read_prompt_file(bad)
     with pytest.raises(ValueError, match="unknown prompt source"):
         collect_prompts(["nope"])
+    not_json = tmp_path / "plain.jsonl"
+    not_json.write_text("Say hi\n")  # a .jsonl whose first line is not JSON is not read as text
+    with pytest.raises(ValueError, match="plain.jsonl:1: not valid JSON"):
+        read_prompt_file(not_json)
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(ValueError, match="weights.bin: not a UTF-8 text file"):
+        read_prompt_file(binary)
 
 
 def test_heldout_split_is_disjoint_and_stratified():

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from dflash_mlx.messages import read_prompt_file
 from dflash_mlx.train.prompts import collect_prompts
 
@@ -29,3 +31,21 @@ def test_shipped_heldout_sets_stay_out_of_training():
         assert len(records) == 10 and {r["set"] for r in records} == {kind}
         assert {r["source"] for r in records} == {source}
         assert len(read_prompt_file(PROMPTS / f"heldout_{kind}.jsonl")) == 10  # what bench and eval read
+
+
+def test_bench_and_eval_read_the_sets_by_name(tmp_path):
+    """`--prompts math` (bench and eval alike) is the shipped held-out math file; `heldout` all
+    40 with their kinds; a name that is neither a file nor a set is one line naming it."""
+    from app.bench import read_prompts
+    from dflash_mlx.messages import read_prompt_sources
+
+    assert read_prompt_sources(["math"]) == read_prompt_file(PROMPTS / "heldout_math.jsonl")
+    texts, kinds = read_prompts(["heldout"])
+    assert len(texts) == 40 and sorted(set(kinds)) == sorted(KINDS)
+    assert read_prompts(["code", "chat"])[1] == ["code"] * 10 + ["chat"] * 10
+    with pytest.raises(ValueError, match="'mathz' is neither a file nor a held-out set"):
+        read_prompt_sources(["mathz"])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="no prompts in"):
+        read_prompt_sources([str(empty)])

@@ -1,7 +1,7 @@
 """`dflash eval`: acceptance length tau of a drafter on prompt sets, greedy and sampled.
 
 tau is the mean number of tokens committed per draft/verify cycle (1 .. B). Reported per
-prompt kind (the `source` or `set` field of a prompt file's records) and overall, also as
+prompt kind (the `set` field of a prompt file's records, else their `source`) and overall, also as
 one table of tau by kind and temperature, with the histogram of accepted
 lengths (histogram[n - 1] = cycles that committed n tokens) and tokens/s.
 """
@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..messages import apply_chat_template, read_prompt_file
+from ..messages import apply_chat_template
 from ..options import DecodeOptions
-from .prompts import collect_prompts
 
 
 def evaluate(
@@ -50,7 +48,7 @@ def evaluate(
             dt = time.perf_counter() - t0
             s = responses[-1].stats.to_dict()
             covered = sum(r.token in vocab for r in responses) if vocab is not None else 0
-            for key in (p.get("source", "prompts"), "all"):
+            for key in (p.get("set", p.get("source", "prompts")), "all"):
                 agg = per.setdefault(
                     key, {"accepted_lengths": [], "tokens": 0, "seconds": 0.0, "prompts": 0, "covered": 0}
                 )
@@ -60,7 +58,7 @@ def evaluate(
                 agg["prompts"] += 1
                 agg["covered"] += covered
             if log:
-                log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('source', '')}: tau {s['tau']:.2f}")
+                log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('set', p.get('source', ''))}: tau {s['tau']:.2f}")
         out = {}
         for key, agg in per.items():
             lengths = agg["accepted_lengths"]
@@ -122,14 +120,3 @@ def format_results(results: dict) -> str:
                 acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["position_acceptance"])
                 lines.append(f"  per-position acceptance (drafts 1..): {acc}")
     return "\n".join(lines + ["", format_table(results)]) if results else ""
-
-
-def prompts_for(sources: Sequence[str], limit: Optional[int] = None) -> list[dict]:
-    """Eval prompts from files (held-out JSONL) or built-in source names."""
-    out = []
-    for s in sources:
-        if Path(s).is_file():
-            out.extend(read_prompt_file(s))
-        else:
-            out.extend(collect_prompts([s]))
-    return out[:limit] if limit else out
