@@ -5,10 +5,11 @@ the first (prefill excluded, as mlx-lm reports it). Methods run interleaved per 
 in a rotating order, so that machine noise hits them alike; their outputs are compared
 token for token.
 
-Ours runs with the options given (adaptive block size by default), and once more per
-fixed block size and per fixed tree budget asked for (with tree budgets and an adaptive
-block size, also with the `TreePolicy`, which weighs trees per cycle); each row says
-what its cycles verified (widths) and how many draft nodes per cycle.
+Ours runs with the options given (by default an adaptive block size whose policy weighs
+draft trees too), and once more per fixed block size and per fixed tree budget asked for
+(with tree budgets, also adaptive with chains only); each row says what its cycles
+verified (widths) and how many draft nodes per cycle. Prompts of several kinds (the `set`
+of a prompt file's records) get a table per kind too.
 """
 
 from __future__ import annotations
