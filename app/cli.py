@@ -140,6 +140,11 @@ def bench(
     verify_cost: bool = typer.Option(
         False, "--verify-cost", help="Time a verify of n = 1..64 rows against a plain step instead (T(n)/T(1))."
     ),
+    context: str = typer.Option(
+        "",
+        "--context",
+        help="Instead: decode speed and tau after this many tokens of documentation, e.g. 512,1024,2048,4096,7000.",
+    ),
     draft_vocab: Optional[str] = typer.Option(
         None,
         "--draft-vocab",
@@ -167,6 +172,16 @@ def bench(
         with console.status("timing verifies") as status:
             report = run_verify_cost(model, progress=lambda msg: status.update(msg))
         print(verify_cost_table(report))
+        if json_out:
+            write_json(report, json_out)
+        return
+    if context:
+        from .bench_context import context_table, run_context_bench
+
+        lengths = [int(n) for n in context.split(",") if n.strip()]
+        with console.status("benchmarking long contexts") as status:
+            report = run_context_bench(model, draft, lengths, max_tokens=max_tokens, progress=status.update)
+        print(context_table(report))
         if json_out:
             write_json(report, json_out)
         return

@@ -6,6 +6,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 from typer.testing import CliRunner
 
 from app.bench import markdown_table, run_bench
+from app.bench_context import QUESTIONS
 from app.cli import app
 
 
@@ -124,3 +125,19 @@ def test_bench_replay_timing_runs(monkeypatch):
     assert all(r["module_ms"] > 0 and r["kernel_ms"] > 0 for r in rows)
     assert "| 15 |" in "\n".join(_replay_lines({"replay": rows}))
     assert "no gated-delta layers" in replay_times(tiny_target("qwen3_moe"), 1)[1]
+
+
+def test_bench_context_lengths(default_model_dir):
+    """`dflash bench --context`: one row per length of real documentation before the question,
+    ours token-identical to mlx-lm at each, prompts as long as asked."""
+    from app.bench_context import context_table, documentation, run_context_bench
+
+    report = run_context_bench(str(default_model_dir), None, (32, 160), QUESTIONS[:2], max_tokens=8)
+    rows = report["results"]
+    assert [r["context"] for r in rows] == [32, 160] and all(r["same_tokens_as_mlx_lm"] for r in rows)
+    assert rows[1]["prompt_tokens"] - rows[0]["prompt_tokens"] >= 120 and all(r["draft_ms"] > 0 for r in rows)
+    assert context_table(report).count("\n| ") == 3
+    import mlx_lm
+
+    _, tokenizer = mlx_lm.load(str(default_model_dir))
+    assert abs(len(tokenizer.encode(documentation(tokenizer, 500), add_special_tokens=False)) - 500) <= 10
