@@ -78,9 +78,11 @@ def run_context_bench(
     questions: Sequence[str] = QUESTIONS,
     max_tokens: int = 128,
     progress: Optional[Callable[[str], None]] = None,
+    on_row: Optional[Callable[[dict], None]] = None,
 ) -> dict:
     """Plain mlx-lm and ours (default options: adaptive, one fresh policy per length) on
-    every question after each length of documentation. Returns a JSON-able report."""
+    every question after each length of documentation (`on_row` gets each length's row as
+    it is done: long contexts take long on a CPU). Returns a JSON-able report."""
     import mlx_lm
 
     from dflash_mlx import load, load_draft, make_policy, stream_generate
@@ -105,23 +107,31 @@ def run_context_bench(
             ours.append((tokens, ttft, seconds, last.stats))
         draft_ms = draft_milliseconds(model, drafter, context)
         rows.append(_row(context, round(sum(lengths) / len(lengths)), plain, ours, draft_ms))
+        if on_row:
+            on_row(rows[-1])
     return {"model": model_dir, "max_tokens": max_tokens, "results": rows}
 
 
-def context_table(report: dict) -> str:
-    """The report as a markdown table, one row per context length."""
-    lines = [
-        f"max {report['max_tokens']} new tokens, greedy; decode tok/s after the first token, "
-        "time to first token (TTFT) apart",
+def context_header(max_tokens: int) -> list[str]:
+    """The table's head (what the rows measure)."""
+    return [
+        f"max {max_tokens} new tokens, greedy; decode tok/s after the first token, time to first token (TTFT) apart",
         "",
         "| context (tokens) | prompt tokens | prompts | mlx-lm tok/s | ours tok/s | speedup | tau "
         "| mlx-lm TTFT s | ours TTFT s | draft ms | same tokens |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in report["results"]:
-        lines.append(
-            f"| {r['context']} | {r['prompt_tokens']} | {r['prompts']} | {r['mlx_lm_tokens_per_second']:.1f} | "
-            f"{r['ours_tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['tau'] or '-'} | {r['mlx_lm_ttft_s']:.2f} "
-            f"| {r['ours_ttft_s']:.2f} | {r['draft_ms']:.1f} | {'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |"
-        )
-    return "\n".join(lines)
+
+
+def context_line(r: dict) -> str:
+    """One context length's row of the table."""
+    return (
+        f"| {r['context']} | {r['prompt_tokens']} | {r['prompts']} | {r['mlx_lm_tokens_per_second']:.1f} | "
+        f"{r['ours_tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['tau'] or '-'} | {r['mlx_lm_ttft_s']:.2f} "
+        f"| {r['ours_ttft_s']:.2f} | {r['draft_ms']:.1f} | {'yes' if r['same_tokens_as_mlx_lm'] else 'NO'} |"
+    )
+
+
+def context_table(report: dict) -> str:
+    """The report as a markdown table, one row per context length."""
+    return "\n".join(context_header(report["max_tokens"]) + [context_line(r) for r in report["results"]])

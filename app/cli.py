@@ -176,12 +176,19 @@ def bench(
             write_json(report, json_out)
         return
     if context:
-        from .bench_context import context_table, run_context_bench
+        from .bench_context import context_header, context_line, run_context_bench
 
         lengths = [int(n) for n in context.split(",") if n.strip()]
+        print("\n".join(context_header(max_tokens)), flush=True)
         with console.status("benchmarking long contexts") as status:
-            report = run_context_bench(model, draft, lengths, max_tokens=max_tokens, progress=status.update)
-        print(context_table(report))
+            report = run_context_bench(
+                model,
+                draft,
+                lengths,
+                max_tokens=max_tokens,
+                progress=status.update,
+                on_row=lambda row: print(context_line(row), flush=True),
+            )
         if json_out:
             write_json(report, json_out)
         return
