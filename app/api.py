@@ -5,7 +5,8 @@ Every request is checked here, before it is queued, so that a bad one costs the 
 nothing and gets a 4xx with OpenAI's error body (`{"error": {"message", "type", "param",
 "code"}}`) naming the field at fault. Fields the server cannot honour (tools, logprobs,
 n > 1, ...) are refused rather than silently ignored; unknown fields are ignored, as
-OpenAI-compatible servers do, because clients send many optional ones.
+OpenAI-compatible servers do, because clients send many optional ones. The field checks
+are shared with Anthropic's Messages format (`anthropic_api`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,17 @@ __all__ = [
     "APIError",
     "CompletionRequest",
     "ModelInfo",
+    "chat_prompt",
+    "check_body",
     "chunk",
     "completion_body",
+    "decode_options",
     "dflash_stats",
+    "flag",
     "parse_request",
+    "stop_strings",
+    "text_content",
+    "token_budget",
     "usage",
 ]
 
@@ -106,7 +114,8 @@ def _integer(body: dict, name: str) -> Optional[int]:
     return value
 
 
-def _flag(body: dict, name: str) -> bool:
+def flag(body: dict, name: str) -> bool:
+    """A true/false field (absent: false)."""
     value = body.get(name, False)
     if value is None:
         return False
@@ -115,13 +124,14 @@ def _flag(body: dict, name: str) -> bool:
     return value
 
 
-def _stop(body: dict) -> list[str]:
-    value = body.get("stop")
+def stop_strings(body: dict, name: str = "stop") -> list[str]:
+    """The stop strings in field `name` (a string or a list of them)."""
+    value = body.get(name)
     stops = [] if value is None else [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise APIError("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
+        raise APIError(f"'{name}' must be a string or a list of strings", param=name, code="invalid_type")
     if len(stops) > MAX_STOP:
-        raise APIError(f"'stop' takes at most {MAX_STOP} strings", param="stop")
+        raise APIError(f"'{name}' takes at most {MAX_STOP} strings", param=name)
     return [s for s in stops if s]
 
 
@@ -140,32 +150,37 @@ def _refuse_unsupported(body: dict) -> None:
 # --------------------------------------------------------------------------- prompts
 
 
-def _content(message: Any, i: int) -> tuple[str, str]:
-    """(role, text) of one chat message; text parts of a content list are joined."""
-    where = f"messages[{i}]"
-    if not isinstance(message, dict):
-        raise APIError(f"'{where}' must be an object with 'role' and 'content'", param=where, code="invalid_type")
-    role = message.get("role")
-    if role not in ROLES:
-        raise APIError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{where}.role")
-    content = message.get("content")
+def text_content(content: Any, where: str) -> str:
+    """A content field: a string, or a list of text parts (OpenAI's and Anthropic's
+    `{"type": "text", "text": ...}`), joined; other fields of a part are ignored."""
     text_parts = isinstance(content, list) and all(
         isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
     )
     if text_parts:
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
-        raise APIError(
-            f"'{where}.content' must be a string or a list of text parts", param=f"{where}.content", code="invalid_type"
-        )
-    return ROLES[role], content
+        raise APIError(f"'{where}' must be a string or a list of text parts", param=where, code="invalid_type")
+    return content
 
 
-def _chat_prompt(body: dict, tokenizer: Any) -> list[int]:
+def _content(message: Any, i: int, roles: dict) -> dict:
+    """One chat message as `{"role", "content"}` with text content."""
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise APIError(f"'{where}' must be an object with 'role' and 'content'", param=where, code="invalid_type")
+    role = message.get("role")
+    if role not in roles:
+        raise APIError(f"'{where}.role' must be one of {', '.join(roles)}; got {role!r}", param=f"{where}.role")
+    return {"role": roles[role], "content": text_content(message.get("content"), f"{where}.content")}
+
+
+def chat_prompt(body: dict, tokenizer: Any, system: Optional[str] = None, roles: dict = ROLES) -> list[int]:
+    """The templated prompt of `body["messages"]` (after a `system` message, if given)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
-    turns = [dict(zip(("role", "content"), _content(m, i))) for i, m in enumerate(messages)]
+    turns = [{"role": "system", "content": system}] if system else []
+    turns += [_content(m, i, roles) for i, m in enumerate(messages)]
     return list(apply_chat_template(tokenizer, turns))
 
 
@@ -187,9 +202,13 @@ def _text_prompt(body: dict, tokenizer: Any) -> list[int]:
 # --------------------------------------------------------------------------- request
 
 
-def _max_tokens(body: dict, info: ModelInfo, prompt_tokens: int) -> int:
+def token_budget(body: dict, info: ModelInfo, prompt_tokens: int, *, required: bool = False) -> int:
+    """The request's `max_tokens` (or `max_completion_tokens`), within the context left
+    after the prompt; the server's default when absent, unless `required`."""
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     value = _integer(body, name)
+    if value is None and required:
+        raise APIError(f"'{name}' is required", param=name, code="missing_field")
     if value is None:
         value = info.default_max_tokens
     elif not 1 <= value <= info.context_length:
@@ -203,9 +222,9 @@ def _max_tokens(body: dict, info: ModelInfo, prompt_tokens: int) -> int:
     return min(value, info.context_length - prompt_tokens)
 
 
-def _options(body: dict, server: DecodeOptions) -> DecodeOptions:
-    """The server's options with the request's sampling fields (OpenAI's defaults:
-    temperature 1; top_k -1 means off; any seed is taken modulo 2**63)."""
+def decode_options(body: dict, server: DecodeOptions) -> DecodeOptions:
+    """The server's options with the request's sampling fields (OpenAI's and Anthropic's
+    defaults: temperature 1; top_k -1 means off; any seed is taken modulo 2**63)."""
     top_k, seed = _integer(body, "top_k"), _integer(body, "seed")
     sampling = dict(
         temp=_number(body, "temperature", 1.0),
@@ -220,38 +239,44 @@ def _options(body: dict, server: DecodeOptions) -> DecodeOptions:
         raise APIError(e.named(f"'{name}'"), param=name) from None
 
 
-def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionRequest:
-    """Check a decoded JSON body and tokenize its prompt. Raises `APIError`."""
+def check_body(body: Any, info: ModelInfo, *, any_model: bool = False) -> dict:
+    """`body` if it is a JSON object whose `model` is this server's (or, `any_model`, any string)."""
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object", code="invalid_type")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise APIError("'model' must be a string", param="model", code="invalid_type")
-    if model and model not in (info.id, *info.aliases):
+    if model and not any_model and model not in (info.id, *info.aliases):
         raise APIError(
             f"the model '{model}' does not exist; this server has '{info.id}'",
             status=404,
             param="model",
             code="model_not_found",
         )
+    return body
+
+
+def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionRequest:
+    """Check a decoded JSON body and tokenize its prompt. Raises `APIError`."""
+    body = check_body(body, info)
     _refuse_unsupported(body)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise APIError("'stream_options' must be an object", param="stream_options", code="invalid_type")
-    prompt = _chat_prompt(body, info.tokenizer) if chat else _text_prompt(body, info.tokenizer)
+    prompt = chat_prompt(body, info.tokenizer) if chat else _text_prompt(body, info.tokenizer)
     if not prompt:
         raise APIError("the prompt is empty", param="messages" if chat else "prompt")
     return CompletionRequest(
         chat=chat,
         prompt=prompt,
-        max_tokens=_max_tokens(body, info, len(prompt)),
-        stop=_stop(body),
-        stream=_flag(body, "stream"),
-        include_usage=_flag(options or {}, "include_usage"),
+        max_tokens=token_budget(body, info, len(prompt)),
+        stop=stop_strings(body),
+        stream=flag(body, "stream"),
+        include_usage=flag(options or {}, "include_usage"),
         model=info.id,
         id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
         created=int(time.time()),
-        options=_options(body, info.options),
+        options=decode_options(body, info.options),
     )
 
 

@@ -39,9 +39,11 @@ class Delta:
 
 @dataclass(frozen=True)
 class Done:
-    """A request finished: "stop" (EOS or a stop string), "length" or "cancelled"."""
+    """A request finished: "stop" (EOS or a stop string), "length" or "cancelled";
+    `stop_sequence`: the stop string that ended it, if one did."""
 
     finish_reason: str
+    stop_sequence: Optional[str] = None
     completion_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -233,10 +235,13 @@ class Worker(ModelThread):
             job.emit(Done("cancelled"))
             return
         req, cache = job.request, self.pool.take(job.request.prompt)
+        tokens, text = [], []
 
         def delta(response: Any) -> None:
             job.generated = response.generation_tokens
+            tokens.append(response.token)
             if response.text:
+                text.append(response.text)
                 job.emit(Delta(response.text))
 
         last, reason = self.decode(
@@ -250,12 +255,22 @@ class Worker(ModelThread):
             on_response=delta,
             drop_cache=lambda: self.pool.drop(cache),
         )
-        job.emit(_done(reason, last))
+        stop = None
+        if reason == "stop" and req.stop and tokens[-1] not in self.tokenizer.eos_token_ids:
+            stop = _stop_hit(self.tokenizer.decode(tokens), "".join(text), req.stop)
+        job.emit(_done(reason, stop, last))
 
 
-def _done(reason: str, last: Any) -> Done:
+def _stop_hit(whole: str, sent: str, stops: Sequence[str]) -> Optional[str]:
+    """The stop string that ended a generation: the text sent stops where it begins."""
+    return next((s for s in stops if whole.startswith(s, len(sent))), None)
+
+
+def _done(reason: str, stop: Optional[str], last: Any) -> Done:
     if last is None:
         return Done(reason)
     stats = last.stats
     cached = stats.prompt_cached if stats is not None else 0
-    return Done(reason, last.generation_tokens, last.prompt_tokens, cached, stats, last.generation_tps, last.prompt_tps)
+    return Done(
+        reason, stop, last.generation_tokens, last.prompt_tokens, cached, stats, last.generation_tps, last.prompt_tps
+    )

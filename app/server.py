@@ -1,8 +1,10 @@
-"""`dflash serve`: an OpenAI-compatible HTTP server with DFlash speculative decoding under it.
+"""`dflash serve`: an OpenAI- and Anthropic-compatible HTTP server with DFlash speculative decoding under it.
 
 Starlette on uvicorn does the HTTP; `serve_worker.Worker` does every MLX evaluation on
-one thread, one request at a time in arrival order; `api` checks requests and shapes
-the answers. Every request, greedy or sampled, goes through `dflash_mlx.stream_generate`
+one thread, one request at a time in arrival order; `api` (OpenAI's chat and text
+completions) and `anthropic_api` (Anthropic's Messages) check requests into one
+`CompletionRequest` and shape the answers; the path from a checked request to its
+answer (`complete`) is the same for both. Every request, greedy or sampled, goes through `dflash_mlx.stream_generate`
 with the drafter, so what comes back is exactly the target's own distribution (greedy:
 its own tokens) -- the server never falls back to target-only decoding for sampling.
 
@@ -18,7 +20,8 @@ import ipaddress
 import json
 import socket
 import sys
-from typing import AsyncIterator, Optional
+from functools import partial
+from typing import AsyncIterator, Callable, Optional
 
 import anyio
 from starlette.applications import Starlette
@@ -27,35 +30,46 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.api import APIError, CompletionRequest, chunk, completion_body, dflash_stats, parse_request, usage
+from app import anthropic_api
+from app.api import APIError, CompletionRequest, ModelInfo, chunk, completion_body, dflash_stats, parse_request, usage
 from app.serve_worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
 
 __all__ = ["create_app", "host_warning", "run_server"]
 
 DISCONNECT_POLL = 0.25  # seconds between disconnect checks of a non-streamed request
+MESSAGES = "/v1/messages"  # Anthropic's Messages API (`anthropic_api`)
 
 
-def _error(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _is_anthropic(request: Request) -> bool:
+    """Whether `request` is on Anthropic's routes, whose errors have Anthropic's shape."""
+    return request.url.path.startswith(MESSAGES)
+
+
+def _error(request: Request, exc: APIError) -> JSONResponse:
+    body = anthropic_api.error_body(exc) if _is_anthropic(request) else exc.body()
+    return JSONResponse(body, status_code=exc.status)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
-    return _error(exc)  # type: ignore[arg-type]
+    return _error(request, exc)  # type: ignore[arg-type]
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
     code = {404: "not_found", 405: "method_not_allowed"}.get(status)
-    return _error(APIError(str(getattr(exc, "detail", "")) or "error", status=status, code=code))
+    return _error(request, APIError(str(getattr(exc, "detail", "")) or "error", status=status, code=code))
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    return _error(APIError(f"internal error: {type(exc).__name__}: {exc}", status=500, code="internal_error"))
+    error = APIError(f"internal error: {type(exc).__name__}: {exc}", status=500, code="internal_error")
+    return _error(request, error)
 
 
-def _sse(payload: dict | str) -> bytes:
+def _sse(payload: dict | str, event: Optional[str] = None) -> bytes:
+    """One server-sent event; Anthropic's streams name theirs (`event:`), OpenAI's do not."""
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {data}\n\n".encode()
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {data}\n\n".encode()
 
 
 class _JobStream(StreamingResponse):
@@ -79,28 +93,55 @@ def _finish(req: CompletionRequest, done: Done) -> tuple[dict, dict]:
     return use, dflash_stats(done.stats, done.generation_tps, done.prompt_tps)
 
 
+async def _events(job: Job) -> AsyncIterator[Delta | Done]:
+    """The job's events up to its `Done`; a failure mid-stream raises `APIError`."""
+    while True:
+        event = await job.events.get()
+        if isinstance(event, Failed):
+            raise APIError(event.message, status=500, code="generation_failed")
+        yield event
+        if isinstance(event, Done):
+            return
+
+
 async def _stream(job: Job) -> AsyncIterator[bytes]:
     """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
     req = job.request
     if req.chat:
         yield _sse(chunk(req, None))
-    while True:
-        event = await job.events.get()
-        if isinstance(event, Delta):
-            yield _sse(chunk(req, event.text))
-        elif isinstance(event, Failed):
-            yield _sse(APIError(event.message, status=500, code="generation_failed").body())
-            break
-        elif isinstance(event, Done):
+    try:
+        async for event in _events(job):
+            if isinstance(event, Delta):
+                yield _sse(chunk(req, event.text))
+                continue
             use, dflash = _finish(req, event)
             yield _sse(chunk(req, None, event.finish_reason, dflash=dflash))
             if req.include_usage:
                 yield _sse({**chunk(req, None), "choices": [], "usage": use, "dflash": dflash})
-            break
+    except APIError as exc:
+        yield _sse(exc.body())
     yield _sse("[DONE]")
 
 
-async def _collect(job: Job, request: Request) -> dict:
+async def _anthropic_stream(job: Job) -> AsyncIterator[bytes]:
+    """Server-sent events in Anthropic's sequence, each named by its `event:` line."""
+    req = job.request
+    for name, data in anthropic_api.stream_start(req):
+        yield _sse(data, name)
+    try:
+        async for event in _events(job):
+            pairs = (
+                anthropic_api.stream_delta(event.text)
+                if isinstance(event, Delta)
+                else anthropic_api.stream_stop(req, event, _finish(req, event)[1])
+            )
+            for name, data in pairs:
+                yield _sse(data, name)
+    except APIError as exc:
+        yield _sse(anthropic_api.error_body(exc), "error")
+
+
+async def _collect(job: Job, request: Request) -> tuple[str, Done]:
     """Wait for the whole answer of a non-streamed request, cancelling it if the client leaves."""
     text, loop = [], asyncio.get_running_loop()
     check = loop.time() + DISCONNECT_POLL
@@ -120,8 +161,16 @@ async def _collect(job: Job, request: Request) -> dict:
         elif isinstance(event, Failed):
             raise APIError(event.message, status=500, code="generation_failed")
         else:
-            use, dflash = _finish(job.request, event)
-            return completion_body(job.request, "".join(text), event.finish_reason, use, dflash)
+            return "".join(text), event
+
+
+def _openai_body(req: CompletionRequest, text: str, done: Done) -> dict:
+    use, dflash = _finish(req, done)
+    return completion_body(req, text, done.finish_reason, use, dflash)
+
+
+def _anthropic_body(req: CompletionRequest, text: str, done: Done) -> dict:
+    return anthropic_api.message_body(req, text, done, _finish(req, done)[1])
 
 
 async def _json_body(request: Request) -> object:
@@ -135,28 +184,40 @@ async def _json_body(request: Request) -> object:
 def create_app(worker: Worker) -> Starlette:
     """The Starlette app over a started `worker`."""
 
-    async def complete(request: Request, chat: bool) -> Response:
+    def model_info() -> ModelInfo:
         if worker.info is None:
             raise APIError(f"the model is not loaded: {worker.load_error or 'loading'}", status=503)
-        body = await _json_body(request)
-        req = await anyio.to_thread.run_sync(lambda: parse_request(body, worker.info, chat=chat))
+        return worker.info
+
+    async def complete(request: Request, parse: Callable, whole: Callable, stream: Callable) -> Response:
+        """Check a request with `parse(body, info)`, run it on the worker, and answer with
+        `whole(req, text, done)` or, streamed, `stream(job)`'s server-sent events."""
+        info, body = model_info(), await _json_body(request)
+        req = await anyio.to_thread.run_sync(lambda: parse(body, info))
         job = Job(req, asyncio.get_running_loop())
         try:
             worker.submit(job)
         except QueueFull as exc:
             raise APIError(f"the server is busy: {exc}; retry later", status=429, code="queue_full") from None
         if req.stream:
-            return _JobStream(job, _stream(job))
+            return _JobStream(job, stream(job))
         try:
-            return JSONResponse(await _collect(job, request))
+            return JSONResponse(whole(req, *await _collect(job, request)))
         finally:
             job.cancel()
 
     async def chat_completions(request: Request) -> Response:
-        return await complete(request, chat=True)
+        return await complete(request, partial(parse_request, chat=True), _openai_body, _stream)
 
     async def completions(request: Request) -> Response:
-        return await complete(request, chat=False)
+        return await complete(request, partial(parse_request, chat=False), _openai_body, _stream)
+
+    async def messages(request: Request) -> Response:
+        return await complete(request, anthropic_api.parse_messages, _anthropic_body, _anthropic_stream)
+
+    async def count_tokens(request: Request) -> Response:
+        info, body = model_info(), await _json_body(request)
+        return JSONResponse(await anyio.to_thread.run_sync(lambda: anthropic_api.count_tokens(body, info)))
 
     async def models(request: Request) -> Response:
         info = worker.info
@@ -173,6 +234,8 @@ def create_app(worker: Worker) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route(MESSAGES, messages, methods=["POST"]),
+        Route(f"{MESSAGES}/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]

@@ -1,4 +1,5 @@
-"""Shared test fixtures, the test drafter for the default target, and the `slow` marker.
+"""Shared test fixtures (the default model; the server's worker and a live server over it),
+the test drafter for the default target, and the `slow` marker.
 
 `dflash_mlx` is imported before anything pulls in `mlx`, so OpenBLAS is preloaded.
 Test modules import the helpers here as ``from conftest import ...`` (tests/ is on the path).
@@ -106,3 +107,40 @@ def src(tmp_path, config):
 def out(tmp_path):
     """Where a converter test writes (absent until then)."""
     return tmp_path / "out"
+
+
+@pytest.fixture(scope="module")
+def worker(default_model_dir):
+    """The server's worker on the default model and drafter (one per test module)."""
+    from app.serve_worker import Worker
+
+    w = Worker(default_max_tokens=32)
+    w.start(timeout=600)
+    yield w
+    w.shutdown()
+
+
+@pytest.fixture(scope="module")
+def live(worker):
+    """A real uvicorn server over `worker` on a free loopback port; yields its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from app.server import create_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(worker), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(15)
+    sock.close()

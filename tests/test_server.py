@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
@@ -42,14 +41,7 @@ def user(text: str) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def worker(default_model_dir):
-    w = Worker(default_max_tokens=32)
-    w.start(timeout=600)
-    yield w
-    w.shutdown()
+# `worker` and `live` (a real uvicorn server) are in conftest.py.
 
 
 @pytest.fixture(scope="module")
@@ -58,26 +50,6 @@ def client(worker):
 
     with TestClient(create_app(worker)) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def live(worker):
-    """A real uvicorn server on a free loopback port; yields its base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(worker), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(15)
-    sock.close()
 
 
 def wait_idle(worker: Worker, timeout: float = 60) -> None:
