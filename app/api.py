@@ -3,7 +3,7 @@ the response bodies built from what the worker reports.
 
 Every request is checked here, before it is queued, so that a bad one costs the worker
 nothing and gets a 4xx with OpenAI's error body (`{"error": {"message", "type", "param",
-"code"}}`) naming the field at fault. Fields the server cannot honour (tools, logprobs,
+"code"}}`) naming the field at fault. Fields the server cannot honour (tools, echo,
 n > 1, ...) are refused rather than silently ignored; unknown fields are ignored, as
 OpenAI-compatible servers do, because clients send many optional ones. The field checks
 are shared with Anthropic's Messages format (`anthropic_api`).
@@ -11,11 +11,12 @@ are shared with Anthropic's Messages format (`anthropic_api`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.options import DecodeOptions, OptionError
@@ -24,6 +25,7 @@ __all__ = [
     "APIError",
     "CompletionRequest",
     "ModelInfo",
+    "TokenLogprob",
     "chat_prompt",
     "check_body",
     "chunk",
@@ -31,6 +33,7 @@ __all__ = [
     "decode_options",
     "dflash_stats",
     "flag",
+    "logprobs_body",
     "parse_request",
     "stop_strings",
     "text_content",
@@ -43,7 +46,8 @@ API_NAMES = {"temp": "temperature"}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 16
 #: Fields refused when set to anything but their off value: we do not implement them.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "logprobs", "top_logprobs", "echo", "suffix", "logit_bias")
+UNSUPPORTED = ("tools", "functions", "tool_choice", "echo", "suffix", "logit_bias")
+MAX_TOP_LOGPROBS = 20
 
 
 class APIError(Exception):
@@ -86,6 +90,7 @@ class CompletionRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    logprobs: Optional[int] = None  # top alternatives per token (0: the chosen token's alone); None: off
     model: str = ""
     id: str = ""
     created: int = 0
@@ -256,6 +261,22 @@ def check_body(body: Any, info: ModelInfo, *, any_model: bool = False) -> dict:
     return body
 
 
+def _logprobs(body: dict, chat: bool) -> Optional[int]:
+    """How many top alternatives each token's log-probability comes with, or None: chat's
+    `logprobs: true` with `top_logprobs`, the legacy completions' `logprobs: N`."""
+    name = "top_logprobs" if chat else "logprobs"
+    if chat:
+        wanted = flag(body, "logprobs")
+        if not wanted and body.get(name) is not None:
+            raise APIError("'top_logprobs' needs 'logprobs': true", param=name)
+    top = _integer(body, name)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(f"'{name}' must be between 0 and {MAX_TOP_LOGPROBS}; got {top}", param=name)
+    if chat:
+        return (top or 0) if wanted else None
+    return top
+
+
 def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionRequest:
     """Check a decoded JSON body and tokenize its prompt. Raises `APIError`."""
     body = check_body(body, info)
@@ -273,6 +294,7 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
         stop=stop_strings(body),
         stream=flag(body, "stream"),
         include_usage=flag(options or {}, "include_usage"),
+        logprobs=_logprobs(body, chat),
         model=info.id,
         id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
         created=int(time.time()),
@@ -281,6 +303,16 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
 
 
 # --------------------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token (its text), its log-probability under the target, and the top
+    alternatives there as (text, log-probability), most likely first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -324,23 +356,54 @@ def _head(req: CompletionRequest, obj: str) -> dict:
     return {"id": req.id, "object": obj, "created": req.created, "model": req.model}
 
 
-def completion_body(req: CompletionRequest, text: str, finish_reason: str, use: dict, dflash: dict) -> dict:
-    """A whole (non-streamed) chat.completion or text_completion."""
+def completion_body(
+    req: CompletionRequest, text: str, finish_reason: str, use: dict, dflash: dict, logprobs: Optional[dict] = None
+) -> dict:
+    """A whole (non-streamed) chat.completion or text_completion (`logprobs`: `logprobs_body`'s)."""
     if req.chat:
         message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return {**_head(req, "chat.completion"), "choices": [choice], "usage": use, "dflash": dflash}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**_head(req, "text_completion"), "choices": [choice], "usage": use, "dflash": dflash}
 
 
-def chunk(req: CompletionRequest, text: Optional[str], finish_reason: Optional[str] = None, **extra: Any) -> dict:
+def chunk(
+    req: CompletionRequest,
+    text: Optional[str],
+    finish_reason: Optional[str] = None,
+    logprobs: Optional[dict] = None,
+    **extra: Any,
+) -> dict:
     """One streamed chunk; `text=None` with no finish reason opens a chat reply (the role)."""
     if req.chat:
         delta = {"role": "assistant", "content": ""} if text is None and finish_reason is None else {}
         if text:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return {**_head(req, "chat.completion.chunk"), "choices": [choice], **extra}
-    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     return {**_head(req, "text_completion"), "choices": [choice], **extra}
+
+
+def _token(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def logprobs_body(req: CompletionRequest, entries: Sequence[TokenLogprob], offset: int = 0) -> Optional[dict]:
+    """The `logprobs` of a choice or chunk: chat's `{"content": [...]}`, or the legacy
+    completions' `{tokens, token_logprobs, top_logprobs, text_offset}` (offsets in the
+    completion's text, from `offset`, the length of the tokens before these). None when
+    the request did not ask for them."""
+    if req.logprobs is None:
+        return None
+    if req.chat:
+        content = [{**_token(e.token, e.logprob), "top_logprobs": [_token(t, v) for t, v in e.top]} for e in entries]
+        return {"content": content}
+    offsets = list(itertools.accumulate((len(e.token) for e in entries), initial=offset))[:-1]
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [dict(e.top) for e in entries],
+        "text_offset": offsets,
+    }

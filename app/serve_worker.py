@@ -21,9 +21,11 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
-from app.api import CompletionRequest, ModelInfo
+from app.api import CompletionRequest, ModelInfo, TokenLogprob
 from app.worker import Failed, ModelThread, describe_error
 from dflash_mlx.options import DecodeOptions
+
+import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
 
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "QueueFull", "Worker"]
 
@@ -32,9 +34,10 @@ QUEUE_POLICY = "first come, first served: one request runs at a time on one work
 
 @dataclass(frozen=True)
 class Delta:
-    """New text of a running request."""
+    """New text of a running request, and its tokens' log-probabilities if asked for."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,14 +238,18 @@ class Worker(ModelThread):
             job.emit(Done("cancelled"))
             return
         req, cache = job.request, self.pool.take(job.request.prompt)
-        tokens, text = [], []
+        tokens, text, eos = [], [], self.tokenizer.eos_token_ids
 
         def delta(response: Any) -> None:
             job.generated = response.generation_tokens
             tokens.append(response.token)
+            # as OpenAI does, an EOS token has no log-probability entry (it has no text)
+            wanted = req.logprobs is not None and response.token not in eos
+            entry = (_token_logprob(self.tokenizer, response, req.logprobs),) if wanted else ()
             if response.text:
                 text.append(response.text)
-                job.emit(Delta(response.text))
+            if response.text or entry:
+                job.emit(Delta(response.text, entry))
 
         last, reason = self.decode(
             req.prompt,
@@ -259,6 +266,18 @@ class Worker(ModelThread):
         if reason == "stop" and req.stop and tokens[-1] not in self.tokenizer.eos_token_ids:
             stop = _stop_hit(self.tokenizer.decode(tokens), "".join(text), req.stop)
         job.emit(_done(reason, stop, last))
+
+
+def _token_logprob(tokenizer: Any, response: Any, top: int) -> TokenLogprob:
+    """The target's log-probability of `response.token` (the loop's `response.logprobs`,
+    the log-softmax of the target's logits there, as in mlx-lm) and its `top` alternatives."""
+    logprobs = response.logprobs
+    alternatives: tuple = ()
+    if top:
+        ids = mx.argpartition(-logprobs, top - 1)[:top]
+        ranked = sorted(zip(logprobs[ids].tolist(), ids.tolist()), reverse=True)
+        alternatives = tuple((tokenizer.decode([i]), value) for value, i in ranked)
+    return TokenLogprob(tokenizer.decode([response.token]), logprobs[response.token].item(), alternatives)
 
 
 def _stop_hit(whole: str, sent: str, stops: Sequence[str]) -> Optional[str]:

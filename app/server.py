@@ -31,7 +31,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app import anthropic_api
-from app.api import APIError, CompletionRequest, ModelInfo, chunk, completion_body, dflash_stats, parse_request, usage
+from app.api import (
+    APIError,
+    CompletionRequest,
+    ModelInfo,
+    chunk,
+    completion_body,
+    dflash_stats,
+    logprobs_body,
+    parse_request,
+    usage,
+)
 from app.serve_worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
 
 __all__ = ["create_app", "host_warning", "run_server"]
@@ -106,13 +116,14 @@ async def _events(job: Job) -> AsyncIterator[Delta | Done]:
 
 async def _stream(job: Job) -> AsyncIterator[bytes]:
     """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
-    req = job.request
+    req, offset = job.request, 0  # offset: of the next token in the text (legacy logprobs)
     if req.chat:
         yield _sse(chunk(req, None))
     try:
         async for event in _events(job):
             if isinstance(event, Delta):
-                yield _sse(chunk(req, event.text))
+                yield _sse(chunk(req, event.text, logprobs=logprobs_body(req, event.logprobs, offset)))
+                offset += sum(len(e.token) for e in event.logprobs)
                 continue
             use, dflash = _finish(req, event)
             yield _sse(chunk(req, None, event.finish_reason, dflash=dflash))
@@ -141,9 +152,10 @@ async def _anthropic_stream(job: Job) -> AsyncIterator[bytes]:
         yield _sse(anthropic_api.error_body(exc), "error")
 
 
-async def _collect(job: Job, request: Request) -> tuple[str, Done]:
-    """Wait for the whole answer of a non-streamed request, cancelling it if the client leaves."""
-    text, loop = [], asyncio.get_running_loop()
+async def _collect(job: Job, request: Request) -> tuple[Delta, Done]:
+    """Wait for the whole answer of a non-streamed request (all of its text and token
+    log-probabilities as one `Delta`), cancelling it if the client leaves."""
+    text, logprobs, loop = [], [], asyncio.get_running_loop()
     check = loop.time() + DISCONNECT_POLL
     while True:
         try:
@@ -158,19 +170,20 @@ async def _collect(job: Job, request: Request) -> tuple[str, Done]:
             continue
         if isinstance(event, Delta):
             text.append(event.text)
+            logprobs += event.logprobs
         elif isinstance(event, Failed):
             raise APIError(event.message, status=500, code="generation_failed")
         else:
-            return "".join(text), event
+            return Delta("".join(text), tuple(logprobs)), event
 
 
-def _openai_body(req: CompletionRequest, text: str, done: Done) -> dict:
+def _openai_body(req: CompletionRequest, whole: Delta, done: Done) -> dict:
     use, dflash = _finish(req, done)
-    return completion_body(req, text, done.finish_reason, use, dflash)
+    return completion_body(req, whole.text, done.finish_reason, use, dflash, logprobs_body(req, whole.logprobs))
 
 
-def _anthropic_body(req: CompletionRequest, text: str, done: Done) -> dict:
-    return anthropic_api.message_body(req, text, done, _finish(req, done)[1])
+def _anthropic_body(req: CompletionRequest, whole: Delta, done: Done) -> dict:
+    return anthropic_api.message_body(req, whole.text, done, _finish(req, done)[1])
 
 
 async def _json_body(request: Request) -> object:
@@ -191,7 +204,7 @@ def create_app(worker: Worker) -> Starlette:
 
     async def complete(request: Request, parse: Callable, whole: Callable, stream: Callable) -> Response:
         """Check a request with `parse(body, info)`, run it on the worker, and answer with
-        `whole(req, text, done)` or, streamed, `stream(job)`'s server-sent events."""
+        `whole(req, delta, done)` (all of its text as one `Delta`) or, streamed, `stream(job)`'s server-sent events."""
         info, body = model_info(), await _json_body(request)
         req = await anyio.to_thread.run_sync(lambda: parse(body, info))
         job = Job(req, asyncio.get_running_loop())
