@@ -263,7 +263,7 @@ class Worker(ModelThread):
             drop_cache=lambda: self.pool.drop(cache),
         )
         stop = None
-        if reason == "stop" and req.stop and tokens[-1] not in self.tokenizer.eos_token_ids:
+        if reason == "stop" and req.stop and tokens[-1] not in eos:
             stop = _stop_hit(self.tokenizer.decode(tokens), "".join(text), req.stop)
         job.emit(_done(reason, stop, last))
 

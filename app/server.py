@@ -1,12 +1,13 @@
-"""`dflash serve`: an OpenAI- and Anthropic-compatible HTTP server with DFlash speculative decoding under it.
+"""`dflash serve`: an OpenAI- and Anthropic-compatible HTTP server with DFlash under it.
 
 Starlette on uvicorn does the HTTP; `serve_worker.Worker` does every MLX evaluation on
 one thread, one request at a time in arrival order; `api` (OpenAI's chat and text
 completions) and `anthropic_api` (Anthropic's Messages) check requests into one
 `CompletionRequest` and shape the answers; the path from a checked request to its
-answer (`complete`) is the same for both. Every request, greedy or sampled, goes through `dflash_mlx.stream_generate`
-with the drafter, so what comes back is exactly the target's own distribution (greedy:
-its own tokens) -- the server never falls back to target-only decoding for sampling.
+answer (`complete`) is the same for both. Every request, greedy or sampled, goes
+through `dflash_mlx.stream_generate` with the drafter, so what comes back is exactly the
+target's own distribution (greedy: its own tokens) -- the server never falls back to
+target-only decoding for sampling.
 
 A client that goes away stops its request: Starlette cancels a stream whose client
 disconnected, and a non-streamed request polls for the disconnect while it waits; both
