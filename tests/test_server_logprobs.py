@@ -24,6 +24,18 @@ TOLERANCE = 1e-3
 
 
 @pytest.fixture(scope="module")
+def worker(default_model_dir):
+    """A worker that drafts every cycle (fixed blocks of 8): accepted drafts are certain to be checked."""
+    from app.serve_worker import Worker
+    from dflash_mlx.options import DecodeOptions
+
+    w = Worker(options=DecodeOptions(block_size=8), default_max_tokens=32)
+    w.start(timeout=600)
+    yield w
+    w.shutdown()
+
+
+@pytest.fixture(scope="module")
 def client(live):
     return openai.OpenAI(base_url=f"{live}/v1", api_key="x", max_retries=0, timeout=120)
 
@@ -32,7 +44,7 @@ def mlx_lm_steps(default_model, prompt: list[int], max_tokens: int) -> list[tupl
     """(token, the target's log-probabilities there) of plain mlx-lm greedy decoding, EOS left out."""
     model, tokenizer = default_model
     out = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)
-    return [(r.token, np.array(r.logprobs)) for r in out if r.token not in tokenizer.eos_token_ids]
+    return [(r.token, np.array(r.logprobs).reshape(-1)) for r in out if r.token not in tokenizer.eos_token_ids]
 
 
 def check(entries: list[tuple[str, float, list[float]]], steps, tokenizer) -> None:
