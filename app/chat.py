@@ -26,7 +26,17 @@ from .engine import Cleared, Engine, Event, Finished, Loaded, Prefill, Settings,
 from .commands import SlashCommands
 from .session import Session
 from .worker import Failed
-from .widgets import DRAFT_STYLE, TARGET_STYLE, EngineMessage, Note, Reply, StatsPanel, UserMessage, summary_line
+from .widgets import (
+    DRAFT_STYLE,
+    TARGET_STYLE,
+    EngineMessage,
+    Note,
+    Reply,
+    StatsPanel,
+    Summary,
+    UserMessage,
+    summary_line,
+)
 
 
 # --------------------------------------------------------------------------- the app
@@ -140,8 +150,7 @@ class ChatApp(SlashCommands, App):
     async def note(self, text: str, kind: str = "info") -> Note:
         widget = Note(text, classes=kind, markup=False)
         await self.transcript.mount(widget)
-        if kind != "summary":
-            self.session.log.append((kind, text))
+        self.session.log.append((kind, text))
         return widget
 
     def refresh_stats(self, detail: str = "") -> None:
@@ -188,8 +197,7 @@ class ChatApp(SlashCommands, App):
             self.transcript.anchor()  # back to the bottom, even if the user scrolled up
         await self.transcript.mount(UserMessage(text))
         self.session.ask(text)
-        self.reply = Reply()
-        self.reply.set_class(self.tint, "-tinted")
+        self.reply = Reply(tinted=self.tint)
         await self.transcript.mount(self.reply)
         self.state = "generating"
         self.refresh_stats("waiting for the model …" if self.model_name is None else "")
@@ -216,7 +224,7 @@ class ChatApp(SlashCommands, App):
         elif isinstance(event, Finished):
             self.last = event.stats
             self.session.totals.add(event.stats)  # before any await: a /stats typed meanwhile sees it
-            await self.end_reply(event.reason, summary_line(event.stats, event.reason))
+            await self.end_reply(event.reason, event.stats)
         elif isinstance(event, Status):
             if not self.busy:
                 self.state = "loading"
@@ -253,7 +261,8 @@ class ChatApp(SlashCommands, App):
         elif isinstance(event, Cleared):
             pass
 
-    async def end_reply(self, reason: str, summary: str | None) -> None:
+    async def end_reply(self, reason: str, stats: Snapshot | None) -> None:
+        """Close the reply in progress; with `stats`, put its summary line under it."""
         reply, self.reply = self.reply, None
         self._panel.hide_progress()
         if reply is not None:
@@ -265,9 +274,9 @@ class ChatApp(SlashCommands, App):
                 self.session.drop_unanswered()
                 if reason == "stopped":
                     await self.note("Stopped before the reply began; that message was dropped.")
-        if summary is not None and reply is not None and reply.text:
-            await self.note(summary, "summary")
-            self.session.log.append(("summary", summary))
+        if stats is not None and reply is not None and reply.text:
+            await self.transcript.mount(Summary(stats, reason))
+            self.session.log.append(("summary", summary_line(stats, reason)))
         self.state = "ready" if self.model_name is not None else "no model"
         self.refresh_stats()
 
@@ -282,7 +291,7 @@ class ChatApp(SlashCommands, App):
     def action_toggle_tint(self) -> None:
         self.tint = not self.tint
         for reply in self.query(Reply):
-            reply.set_class(self.tint, "-tinted")
+            reply.set_tint(self.tint)
         self.refresh_stats()
 
     async def action_quit(self) -> None:

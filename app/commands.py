@@ -90,6 +90,7 @@ class SlashCommands:
             await self.note("No drafter is loaded: decoding is target-only already.", "error")
             return
         self.settings.baseline = not self.settings.baseline
+        self.last = None  # the panel's numbers were the other mode's
         if self.settings.baseline:
             await self.note("Baseline on: the target decodes alone, one token per step.")
         else:

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from textual.content import Content
+from textual.geometry import Region
+from textual.widgets import Static
+from textual.widgets.markdown import MarkdownFence
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeBackend, fake_engine_factory  # noqa: E402
 
 from app.chat import ChatApp, app_from_args  # noqa: E402
-from app.widgets import Note, Reply, StatsPanel, UserMessage  # noqa: E402
+from app.widgets import DRAFT_STYLE, TARGET_STYLE, Note, Reply, StatsPanel, Summary, UserMessage  # noqa: E402
 from app.engine import Settings  # noqa: E402
 from dflash_mlx.options import DecodeOptions  # noqa: E402
 
@@ -295,19 +300,98 @@ async def test_commands_change_settings(tmp_path):
         assert "### You\n\nhi" in saved and "### Assistant" in saved and "**4**" in saved
 
 
+# Blocks of tokens ("|"): all but each block's last token are accepted drafts (fake_engine).
+MARKDOWN_REPLY = "## Tides| and moons\n\nThe sea is **very| deep**.\n\n```python\nprint('sea')\nx| = 1|\n```\n"
+
+
+def colours(reply: Reply) -> dict[str, str]:
+    """Each word the reply's Markdown shows -> 'draft' or 'target', by its tint."""
+    named = {DRAFT_STYLE: "draft", TARGET_STYLE: "target"}
+    out = {}
+    for widget in reply.query(Static):
+        content = widget.content
+        if isinstance(content, Content):
+            for word in re.finditer(r"\w+", content.plain):
+                styles = [named[s.style] for s in content.spans if s.style in named and s.start <= word.start() < s.end]
+                out[word.group()] = styles[-1] if styles else "none"
+    return out
+
+
 @run_async
-async def test_ctrl_d_colours_drafted_tokens():
-    app = make_app()
+async def test_ctrl_d_colours_drafted_tokens_in_the_rendered_markdown():
+    app = make_app(FakeBackend([MARKDOWN_REPLY]))
+    async with app.run_test() as pilot:
+        await answered(pilot, "the sea?")
+        reply = app.query_one(Reply)
+        assert set(colours(reply).values()) == {"none"}
+        await pilot.press("ctrl+d")
+        # still Markdown: a heading without its "##", bold text, a code block without its fence
+        [heading] = reply.query("MarkdownH2")
+        assert heading.content.plain == "Tides and moons"
+        [fence] = reply.query(MarkdownFence)
+        assert fence.code == "print('sea')\nx = 1"
+        [paragraph] = [p for p in reply.query("MarkdownParagraph") if "sea" in p.content.plain]
+        assert paragraph.content.plain == "The sea is very deep."
+        assert any(s.style == ".strong" for s in paragraph.content.spans)
+        # and each word takes the colour of the token it came from
+        assert colours(reply) == {
+            **dict.fromkeys(["Tides", "very", "x", "1"], "target"),
+            **dict.fromkeys(["and", "moons", "The", "sea", "is", "deep", "print"], "draft"),
+        }
+        await pilot.press("ctrl+d")
+        assert set(colours(reply).values()) == {"none"} and reply.query(MarkdownFence)
+
+
+@run_async
+async def test_a_reply_written_while_tinted_is_coloured():
+    app = make_app(FakeBackend([REPLY]))
+    async with app.run_test() as pilot:
+        await pilot.press("ctrl+d")
+        await answered(pilot, "hi")
+        words = colours(app.query_one(Reply))
+        assert (words["The"], words["answer"], words["4"], words["makes"]) == ("draft", "target", "target", "draft")
+        assert any(
+            s.style == ".strong" for p in app.query_one(Reply).query("MarkdownParagraph") for s in p.content.spans
+        )
+
+
+@run_async
+async def test_baseline_resets_the_stats_panel():
+    """/baseline switches mode: the panel drops the other mode's numbers until a reply in the new mode."""
+    app = make_app(FakeBackend([REPLY]))
     async with app.run_test() as pilot:
         await answered(pilot, "hi")
-        reply = app.query_one(Reply)
-        await pilot.press("ctrl+d")
-        assert reply.has_class("-tinted")
-        tinted = reply.query_one(".tinted").content
-        draft = [s for s in tinted.spans if "5fd7af" in str(s.style)]
-        assert draft and tinted.plain == reply.text
-        await pilot.press("ctrl+d")
-        assert not reply.has_class("-tinted")
+        assert "τ  2.25" in stats_text(app) and "drafted 28" in stats_text(app)
+        for mode in ("on", "off"):
+            await say(pilot, "/baseline")
+            await until(pilot, lambda mode=mode: f"Baseline {mode}" in notes(app)[-1])
+            panel = stats_text(app)
+            assert "tok/s" not in panel and "τ" not in panel and "drafted" not in panel and "peak" not in panel
+            assert "ready" in panel
+            await answered(pilot, "again")
+            expected = "baseline: every token comes from the target" if mode == "on" else "drafted 28"
+            assert expected in stats_text(app)
+
+
+def shown_lines(widget) -> list[str]:
+    """The non-blank lines a widget shows on screen."""
+    return [line.text.strip() for line in widget.render_lines(Region(0, 0, *widget.size)) if line.text.strip()]
+
+
+@run_async
+async def test_figures_wrap_whole_at_a_narrow_width():
+    """At 40 columns the stats lines and the summary wrap between figures, never inside one."""
+    app = make_app(FakeBackend([REPLY]))
+    async with app.run_test(size=(40, 40)) as pilot:
+        await answered(pilot, "hi")
+        await pilot.pause(0.1)
+        panel = app.query_one(StatsPanel)
+        for widget in (panel.query_one("#stats-speed"), panel.query_one("#stats-blocks"), app.query_one(Summary)):
+            lines = shown_lines(widget)
+            assert len(lines) > 1, lines  # it did wrap
+            for unit in widget.units:
+                assert any(unit.plain.strip() in line for line in lines), (unit.plain, lines)
+        assert "peak 0.61 GB" in shown_lines(panel.query_one("#stats-speed"))
 
 
 @pytest.mark.parametrize("key", ["ctrl+q", "ctrl+c"])
