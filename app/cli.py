@@ -17,6 +17,7 @@ from typing import Callable, List, Optional
 import typer
 
 from converters.convert import ConvertOptions, convert_drafter, convert_target_model, export_drafter
+from converters.options import Q_BITS, Q_GROUP_SIZES
 from dflash_mlx.config import parse_layer_ids
 from dflash_mlx.errors import EXPECTED_ERRORS, one_line
 from dflash_mlx.options import DecodeOptions, OptionError
@@ -24,8 +25,14 @@ from dflash_mlx.options import DecodeOptions, OptionError
 #: The decoding defaults, which the options below show (`DecodeOptions` owns them).
 DEFAULTS = DecodeOptions()
 TREE_HELP = "Draft-tree nodes per cycle (plain attention targets; 0 or default: chains)."
+OUTPUT_HELP = "Directory to create (must not exist unless --force)."
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="DFlash speculative decoding on MLX.")
+# Plain (click-style) help, not typer's Rich panels: typer >= 0.29 prints a value type after
+# every flag there (`--force <bool>`, even `--help <bool>`), and the plain formatter rewraps
+# docstring paragraphs to the terminal instead of keeping their source line breaks.
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="DFlash speculative decoding on MLX."
+)
 
 
 @app.callback()
@@ -156,8 +163,8 @@ def bench(
     kernels: Optional[bool] = typer.Option(
         None,
         "--kernels/--no-kernels",
-        help="--kernels: time the verify kernel vs mx.quantized_matmul (M = 1..16) instead; "
-        "--no-kernels: run ours without the custom kernels (default: on on Apple GPUs).",
+        help="The first times the verify kernel against mx.quantized_matmul (M = 1..16) instead; the "
+        "second runs ours without the custom kernels (default: used on Apple GPUs).",
     ),
 ) -> None:
     """Plain mlx-lm vs DFlash (vs z-lab's loop) on the same prompts, side by side."""
@@ -225,15 +232,17 @@ def bench(
 @app.command("convert")
 @one_line_errors
 def convert_command(
-    source: str = typer.Argument(..., help="Hub repo id (owner/name) or local checkpoint directory."),
-    output_dir: Path = typer.Argument(..., help="Directory to create (must not exist unless --force)."),
+    source: str = typer.Argument(..., metavar="SOURCE", help="Hub repo id (owner/name) or local checkpoint directory."),
+    output_dir: Path = typer.Argument(..., metavar="OUTPUT_DIR", help=OUTPUT_HELP),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
     dtype: Optional[str] = typer.Option(
         None, "--dtype", help="float16, bfloat16 or float32 (default: the checkpoint's)."
     ),
     quantize: bool = typer.Option(False, "-q", "--quantize", help="Quantize the linear layers."),
-    q_bits: int = typer.Option(4, "--q-bits", help="Bits per weight with -q (4 or 8)."),
-    q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size with -q."),
+    q_bits: int = typer.Option(4, "--q-bits", help=f"Bits per weight with -q ({', '.join(map(str, Q_BITS))})."),
+    q_group_size: int = typer.Option(
+        64, "--q-group-size", help=f"Quantization group size with -q ({', '.join(map(str, Q_GROUP_SIZES))})."
+    ),
     target: Optional[str] = typer.Option(
         None, "--target", help="Also check the drafter fits this target model (path, Hub repo or 'default')."
     ),
@@ -268,8 +277,8 @@ def convert_command(
 @app.command("export")
 @one_line_errors
 def export_command(
-    draft_dir: str = typer.Argument(..., help="MLX drafter directory (or Hub repo id)."),
-    output_dir: Path = typer.Argument(..., help="Directory to create (must not exist unless --force)."),
+    draft_dir: str = typer.Argument(..., metavar="DRAFT_DIR", help="MLX drafter directory (or Hub repo id)."),
+    output_dir: Path = typer.Argument(..., metavar="OUTPUT_DIR", help=OUTPUT_HELP),
     dtype: str = typer.Option("bfloat16", "--dtype", help="float16, bfloat16 or float32."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),

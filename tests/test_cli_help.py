@@ -1,0 +1,53 @@
+"""`dflash --help` and every command's help as a new user reads them in an 80-column
+terminal: no value type after a flag (typer >= 0.29's Rich panels print `--force <bool>`,
+even `--help <bool>`), and text that wraps whole."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from app.cli import app
+
+GROUP = typer.main.get_command(app)
+COMMANDS = ["", *GROUP.commands]  # "": `dflash --help` itself
+
+
+def help_text(command: str) -> str:
+    """`dflash COMMAND --help` as an 80-column terminal shows it: click formats help to the
+    terminal's width less 2 (CliRunner alone would force 80)."""
+    result = CliRunner().invoke(app, [*command.split(), "--help"], terminal_width=78)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_shows_no_type_after_a_flag(command):
+    text = help_text(command)
+    assert "<bool>" not in text, text
+    assert any(line.split() == ["--help", "Show", "this", "message", "and", "exit."] for line in text.splitlines())
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_fits_and_breaks_no_option_name(command):
+    lines = help_text(command).splitlines()
+    assert max(map(len, lines)) <= 80
+    broken = [line for line in lines if re.search(r"--[\w-]*-$", line)]  # "--no-" / "kernels"
+    assert not broken, broken
+
+
+def test_convert_help_reads_whole():
+    text = help_text("convert")
+    lines = text.splitlines()
+    # every paragraph of the description and every option's help, whole and in order
+    flat = " ".join(text.split())
+    convert = GROUP.commands["convert"]
+    for paragraph in [*convert.help.split("\n\n"), *(p.help for p in convert.params if p.help)]:
+        assert " ".join(paragraph.split()) in flat, paragraph
+    # a phrase that broke in the middle ("every tensor's name," / "shape and dtype"), and two more
+    for phrase in ("name, shape and dtype", "Quantize the linear layers.", "Replace OUTPUT_DIR if it exists."):
+        assert any(phrase in line for line in lines), phrase
+    assert "{SOURCE} {OUTPUT_DIR}" in lines[0]  # the names its help text uses
