@@ -90,15 +90,16 @@ class MethodResult:
         return tau(self.committed, self.cycles) if self.cycles else None
 
 
-def _clock(stream: Iterator, tokens_of: Callable) -> tuple[list[list[int]], float, object]:
-    """Drain a generator: per-yield token lists, seconds after the first yield, last item."""
+def _clock(stream: Iterator, tokens_of: Callable) -> tuple[list[list[int]], float, object, float]:
+    """Drain a generator: per-yield token lists, seconds after the first yield, last item,
+    and seconds to the first yield (the prefill)."""
     chunks: list[list[int]] = []
-    first = last = None
+    tic, first, last = time.perf_counter(), None, None
     for last in stream:
         if first is None:
             first = time.perf_counter()
         chunks.append(tokens_of(last))
-    return chunks, time.perf_counter() - first, last
+    return chunks, time.perf_counter() - first, last, first - tic
 
 
 @contextmanager
@@ -125,7 +126,7 @@ def _zlab_method(model_dir: str, draft_dir: Path, block: int, max_tokens: int) -
         draft = model_mlx.load_draft("local")
 
     def run(prompt: list[int]) -> tuple[list[list[int]], float, int, int]:
-        chunks, seconds, _ = _clock(
+        chunks, seconds, *_ = _clock(
             model_mlx.stream_generate(model, draft, tokenizer, prompt, block_size=block, max_tokens=max_tokens),
             lambda r: list(r.tokens),
         )
@@ -311,7 +312,7 @@ def _methods(
 
     def plain(prompt):
         stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)
-        chunks, seconds, _ = _clock(stream, lambda r: [r.token])
+        chunks, seconds, *_ = _clock(stream, lambda r: [r.token])
         return chunks, seconds, 0, 0
 
     def ours(options: DecodeOptions, drafter=drafter, trees: bool = False) -> Callable:
@@ -320,7 +321,7 @@ def _methods(
 
         def run(prompt):
             stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)
-            chunks, seconds, last = _clock(stream, lambda r: [r.token])
+            chunks, seconds, last, _ = _clock(stream, lambda r: [r.token])
             view = last.stats.to_dict()
             return chunks, seconds, view["cycles"], view["committed_tokens"], view["block_sizes"], view
 

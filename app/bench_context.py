@@ -11,13 +11,12 @@ time to first token), and the draft cost alone is timed at each length (`draft_m
 from __future__ import annotations
 
 import pydoc
-import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from dflash_mlx.messages import apply_chat_template, user_messages
 from dflash_mlx.stats import tau
 
-from .bench import draft_milliseconds
+from .bench import _clock, draft_milliseconds
 
 DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 7000)
 MODULES = ("json", "pathlib", "collections", "functools", "itertools", "argparse", "textwrap", "datetime", "re")
@@ -37,16 +36,6 @@ def documentation(tokenizer, tokens: int) -> str:
         if len(ids) >= tokens:
             break
     return tokenizer.decode(ids[:tokens])
-
-
-def _timed(stream: Iterator, tokens_of: Callable) -> tuple[list[int], float, float, object]:
-    """Drain a generator: its tokens, seconds to the first yield, seconds after it, last item."""
-    tic, first, tokens, last = time.perf_counter(), None, [], None
-    for last in stream:
-        if first is None:
-            first = time.perf_counter()
-        tokens += tokens_of(last)
-    return tokens, first - tic, time.perf_counter() - first, last
 
 
 def _row(context: int, prompt_tokens: int, plain: list[tuple], ours: list[tuple], draft_ms: float) -> dict:
@@ -101,10 +90,11 @@ def run_context_bench(
             if progress:
                 progress(f"context {context}: question {i + 1}/{len(questions)}")
             stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)
-            plain.append(_timed(stream, lambda r: [r.token])[:3] + (None,))
+            chunks, seconds, _, ttft = _clock(stream, lambda r: [r.token])
+            plain.append(([t for c in chunks for t in c], ttft, seconds, None))
             stream = stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens, policy=policy)
-            tokens, ttft, seconds, last = _timed(stream, lambda r: [r.token])
-            ours.append((tokens, ttft, seconds, last.stats))
+            chunks, seconds, last, ttft = _clock(stream, lambda r: [r.token])
+            ours.append(([t for c in chunks for t in c], ttft, seconds, last.stats))
         draft_ms = draft_milliseconds(model, drafter, context)
         rows.append(_row(context, round(sum(lengths) / len(lengths)), plain, ours, draft_ms))
         if on_row:
