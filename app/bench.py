@@ -228,6 +228,7 @@ def run_bench(
     draft_vocab: Optional[str] = None,
     fixed_trees: Sequence[int] = (),
     kinds: Optional[Sequence[str]] = None,
+    sharding: Optional[str] = None,
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method (and, where
     `kinds` gives the prompts more than one kind, the rows of each kind). `draft_path`
@@ -236,14 +237,16 @@ def run_bench(
     once more with each of `fixed_sizes`, and once more for each further draft vocabulary
     of `draft_vocab` (comma-separated files or 'none'; the first is ours'), and once more
     with each tree budget of `fixed_trees` at a fixed block (`options`' or the drafter's;
-    0: the chain)."""
+    0: the chain). `sharding`: the target sharded under mlx.launch (`load`'s), without
+    z-lab's loop, which runs in one process."""
     from dflash_mlx import load, load_draft
     from dflash_mlx.defaults import default_model_path
     from dflash_mlx.loading import DEFAULT_DRAFT_DIR
 
     prompts = prompts or DEFAULT_PROMPTS
     model_dir = model_path or str(default_model_path())
-    model, tokenizer = load(model_dir)
+    model, tokenizer = load(model_dir, sharding=sharding)
+    reference = reference and sharding is None
     if draft_path == "random":
         with tempfile.TemporaryDirectory(prefix="dflash-random-drafter-") as tmp:
             random_dir = str(_random_drafter(model, tokenizer, Path(tmp) / "drafter"))
@@ -259,6 +262,7 @@ def run_bench(
                 draft_vocab,
                 fixed_trees,
                 kinds,
+                sharding,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]

@@ -26,6 +26,7 @@ from dflash_mlx.options import DecodeOptions, OptionError
 DEFAULTS = DecodeOptions()
 TREE_HELP = "Draft-tree nodes per cycle (plain attention targets; 0 or default: chains)."
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
+SHARDING_HELP = "Under mlx.launch: shard the target by mlx-lm's tensor or pipeline parallelism (default: auto)."
 
 # Plain (click-style) help, not typer's Rich panels: typer >= 0.29 prints a value type after
 # every flag there (`--force <bool>`, even `--help <bool>`), and the plain formatter rewraps
@@ -93,9 +94,14 @@ def generate(
     no_kernels: bool = typer.Option(
         False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
     ),
+    sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP),
+    check_ranks: bool = typer.Option(
+        False, "--check-ranks", help="Under mlx.launch: check after every token that all ranks agree (debug)."
+    ),
 ) -> None:
-    """Generate text with DFlash speculative decoding and print the stats."""
+    """Generate text with DFlash speculative decoding and print the stats (rank 0 only under mlx.launch)."""
     from dflash_mlx import load, load_draft, stream_generate
+    from dflash_mlx.distributed import choose_sharding, is_leader, lockstep
     from dflash_mlx.messages import apply_chat_template, user_messages
     from dflash_mlx.speculative import format_stats
 
@@ -104,14 +110,18 @@ def generate(
     options = DecodeOptions(
         temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True, tree_budget=tree_budget
     )
-    target, tokenizer = load(model)
+    target, tokenizer = load(model, sharding=choose_sharding(sharding))
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if not raw and tokenizer.chat_template:
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
-    last = None
-    for last in stream_generate(target, tokenizer, prompt, drafter, options, max_tokens=max_tokens):
-        sys.stdout.write(last.text)
-        sys.stdout.flush()
+    last, leader = None, is_leader()
+    responses = stream_generate(target, tokenizer, prompt, drafter, options, max_tokens=max_tokens)
+    for last in lockstep(responses, check=check_ranks):
+        if leader:  # the other ranks decode the same tokens silently
+            sys.stdout.write(last.text)
+            sys.stdout.flush()
+    if not leader:
+        return
     print()
     if last is not None:  # the stats go to stderr, as mlx_lm.generate's verbose output does
         print("=" * 10, file=sys.stderr)
@@ -166,9 +176,12 @@ def bench(
         help="The first times the verify kernel against mx.quantized_matmul (M = 1..16) instead; the "
         "second runs ours without the custom kernels (default: used on Apple GPUs).",
     ),
+    sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP + " No z-lab loop then."),
 ) -> None:
     """Plain mlx-lm vs DFlash (vs z-lab's loop) on the same prompts, side by side."""
     from rich.console import Console
+
+    from dflash_mlx.distributed import choose_sharding, is_leader
 
     from .bench import markdown_table, read_prompts, run_bench, write_json
 
@@ -223,7 +236,10 @@ def bench(
             draft_vocab=draft_vocab,
             fixed_trees=[int(n) for n in tree_budget.split(",") if n.strip()],
             kinds=kinds,
+            sharding=choose_sharding(sharding),
         )
+    if not is_leader():  # every rank ran the same bench; rank 0 reports it
+        return
     print(markdown_table(report))
     if json_out:
         write_json(report, json_out)

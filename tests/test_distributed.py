@@ -1,0 +1,160 @@
+"""DFlash over a target sharded by mlx-lm across real processes: `mlx.launch --backend ring`
+on loopback, as on several Macs. Tensor parallel over 3 ranks (SmolLM2: 9 heads, 3 KV
+heads) prints mlx-lm's own greedy text; tiny random qwen3 / qwen3_5 targets over 2 ranks
+give single-process DFlash's seeded samples and, under pipeline parallel, the same captured
+features though the captured layers live on different ranks. Run as a script under
+`mlx.launch`, this file is the worker (rank 0 prints one JSON line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "Tell me a story"
+VOCAB = 49152  # the default model's tokenizer
+
+
+def launch(ranks: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run `args` on `ranks` local processes with mlx.launch (ring backend on loopback); the
+    whole process group is killed if it outlives `timeout`."""
+    bindir = Path(sys.executable).parent
+    launcher = shutil.which("mlx.launch", path=str(bindir))
+    if launcher is None:
+        pytest.skip("mlx.launch is not installed")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=path)
+    command = [launcher, "-n", str(ranks), "--backend", "ring", sys.executable, *args]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+        out, err = proc.communicate()
+        pytest.fail(f"mlx.launch timed out after {timeout}s: {err[-1000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def cli(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    return launch(ranks, "-c", "from app.cli import main; main()", *args)
+
+
+def worker(ranks: int, *args: str) -> dict:
+    proc = launch(ranks, __file__, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, proc.stdout  # rank 0 alone prints
+    return json.loads(lines[0])
+
+
+def test_tensor_parallel_three_ranks_prints_mlx_lms_text(default_model_dir):
+    import mlx_lm
+
+    proc = cli(3, "generate", "--prompt", PROMPT, "--max-tokens", "10", "--check-ranks")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model, tokenizer = mlx_lm.load(str(default_model_dir))
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    assert proc.stdout == mlx_lm.generate(model, tokenizer, prompt, max_tokens=10) + "\n"
+    assert proc.stderr.count("Acceptance: tau") == 1  # the followers print nothing
+
+
+@pytest.mark.parametrize("family, sharding", [("qwen3", "tensor"), ("qwen3_5", "pipeline")])
+def test_two_ranks_match_one_process(default_model_dir, tmp_path, family, sharding):
+    from dflash_mlx.drafters import load_drafter_dir
+
+    model_dir, draft_dir = tiny_pair(family, default_model_dir, tmp_path)
+    got = worker(2, "worker", str(model_dir), str(draft_dir), sharding)
+    want = run(model_dir, load_drafter_dir(draft_dir), None)
+    assert got["greedy"] == want["greedy"]
+    assert got["sampled"] == want["sampled"]
+    assert mx.allclose(mx.array(got["features"]), mx.array(want["features"]), atol=1e-4).item()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sharding", "tensor"], "tensor parallel over 2 ranks needs head counts that divide by 2"),
+        (["--sharding", "pipeline"], "pipeline sharding needs"),
+        (["--model", "/nowhere/model"], "/nowhere/model"),
+    ],
+)
+def test_unshardable_is_one_line(args, message):
+    proc = cli(2, "generate", "--prompt", PROMPT, "--max-tokens", "2", *args)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def tiny_pair(family: str, tokenizer_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny random `family` target saved with mlx-lm's weight index (pipeline loading reads
+    it) and a random drafter reading its first and last layers."""
+    from dflash_mlx.drafter import Drafter, DrafterConfig
+    from dflash_mlx.drafters import save_drafter
+    from tiny_targets import HIDDEN, save_tiny_target
+
+    path = save_tiny_target(family, tmp_path / family, tokenizer_dir, VOCAB)
+    keys = mx.load(str(path / "model.safetensors"))
+    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in keys}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    mx.random.seed(1)
+    config = DrafterConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        num_target_layers=4,
+        target_layer_ids=[0, 3],
+        mask_token_id=4,
+        block_size=4,
+    )
+    save_drafter(Drafter(config), tmp_path / "draft")
+    return path, tmp_path / "draft"
+
+
+def run(model_dir: Path, drafter, sharding) -> dict:
+    """Greedy and seeded (T = 1) DFlash tokens and the captured features of the prompt."""
+    from dflash_mlx import generate_step, load
+    from dflash_mlx.speculative import make_target_cache
+    from dflash_mlx.targets import make_target
+
+    model, tokenizer = load(str(model_dir), sharding=sharding)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    target = make_target(model, drafter.config.target_layer_ids)
+    _, features = target.forward(mx.array(prompt)[None], make_target_cache(model))  # (1, L, 2 * hidden)
+
+    def tokens(temp: float) -> list[int]:
+        out = []
+        for committed, _, _ in generate_step(prompt, model, drafter, temp=temp, seed=3, max_tokens=12):
+            out += committed
+            if len(out) >= 12:
+                return out[:12]
+
+    return {"greedy": tokens(0.0), "sampled": tokens(1.0), "features": features.tolist()}
+
+
+def _worker(model_dir: str, draft_dir: str, sharding: str) -> None:
+    """One rank of `test_two_ranks_match_one_process`."""
+    from dflash_mlx.distributed import is_leader
+    from dflash_mlx.drafters import load_drafter_dir
+
+    result = run(Path(model_dir), load_drafter_dir(draft_dir), sharding)
+    if is_leader():
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    _worker(*sys.argv[2:])
