@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -38,13 +42,38 @@ class RanksDiverged(UserError):
     """The ranks committed different tokens: their loops are no longer in lockstep."""
 
 
+#: Seconds to wait for the other ranks before giving up (the ring backend retries forever).
+CONNECT_TIMEOUT = float(os.environ.get("DFLASH_CONNECT_TIMEOUT", "120"))
+
+# The watchdog: `mx.distributed.init` blocks in C++ holding the GIL, so no thread of ours
+# can speak while it waits; a small process does, unless its stdin closes first.
+_WATCHDOG = """
+import os, select, signal, sys
+pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if not select.select([sys.stdin], [], [], seconds)[0]:
+    sys.stderr.write(message + "\\n")
+    os.kill(pid, signal.SIGKILL)
+"""
+
+
 @functools.cache
 def world() -> mx.distributed.Group:
-    """The launch's group (a group of one outside `mlx.launch`)."""
-    try:
-        return mx.distributed.init()
-    except RuntimeError as e:  # the ring backend could not connect its neighbours
-        raise UserError(f"{socket.gethostname()}: cannot reach the other ranks ({e})") from None
+    """The launch's group (a group of one outside `mlx.launch`). A rank that cannot reach
+    its neighbours within `CONNECT_TIMEOUT` seconds is stopped with one line on stderr."""
+    if "MLX_HOSTFILE" not in os.environ and "MLX_IBV_DEVICES" not in os.environ:
+        return mx.distributed.init()  # nothing to connect to
+    message = (
+        f"error: rank {os.environ.get('MLX_RANK', '?')} on {socket.gethostname()} reached no other rank in "
+        f"{CONNECT_TIMEOUT:.0f}s (is every host up, and its address in the hostfile right?)"
+    )
+    args = [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(CONNECT_TIMEOUT), message]
+    with subprocess.Popen(args, stdin=subprocess.PIPE) as watchdog:
+        try:
+            return mx.distributed.init()
+        except RuntimeError as e:
+            raise UserError(f"{socket.gethostname()}: cannot reach the other ranks ({e})") from None
+        finally:
+            watchdog.stdin.close()
 
 
 def world_size() -> int:
@@ -81,12 +110,32 @@ def sharded_load(path: Path, sharding: str = "auto") -> tuple[nn.Module, Any]:
     tensor = group if sharding == "tensor" else None
     pipeline = group if sharding == "pipeline" else None
     try:
-        return mlx_sharded_load(str(path), pipeline_group=pipeline, tensor_group=tensor)
+        model, tokenizer = mlx_sharded_load(str(path), pipeline_group=pipeline, tensor_group=tensor)
     except ValueError as e:  # mlx-lm's "The model does not support pipelining ..."
         kind = config.get("model_type")
         raise UserError(f"mlx-lm cannot shard {kind!r} this way: {e} (try another --sharding)") from None
-    except FileNotFoundError as e:
-        raise UserError(f"{_host()}: weights missing: {e}") from None
+    _check_weights(path, getattr(model, "language_model", model).model)
+    return model, tokenizer
+
+
+def _check_weights(path: Path, body: nn.Module) -> None:
+    """mlx-lm's sharded load is not strict (a missing file leaves random weights): every
+    file this rank reads must be here, that is every file the index names for a layer
+    of this rank's stage (all layers under tensor parallel) or for no layer."""
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        files = {"model.safetensors"}
+    else:
+        stage = Stage.of(body)  # a pipeline keeps layers [first, len(body.layers)) here
+        mine = range(stage.first if stage else 0, len(body.layers))
+        files = set()
+        for key, file in json.loads(index.read_text())["weight_map"].items():
+            layer = re.search(r"(?:^|\.)layers\.(\d+)\.", key)
+            if layer is None or int(layer.group(1)) in mine:
+                files.add(file)
+    missing = sorted(f for f in files if not (path / f).is_file())
+    if missing:
+        raise UserError(f"{_host()}: weights missing: {', '.join(missing)} not in {path}")
 
 
 def _resolve(path: Path) -> str:

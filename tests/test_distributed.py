@@ -52,7 +52,7 @@ def cli(ranks: int, *args: str) -> subprocess.CompletedProcess:
 
 def worker(ranks: int, *args: str) -> dict:
     proc = launch(ranks, __file__, *args)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Error" not in proc.stderr, proc.stderr[-2000:]  # mlx.launch exits 0 whatever the ranks do
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, proc.stdout  # rank 0 alone prints
     return json.loads(lines[0])
@@ -61,11 +61,11 @@ def worker(ranks: int, *args: str) -> dict:
 def test_tensor_parallel_three_ranks_prints_mlx_lms_text(default_model_dir):
     import mlx_lm
 
-    proc = cli(3, "generate", "--prompt", PROMPT, "--max-tokens", "10", "--check-ranks")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = cli(3, "generate", "--prompt", PROMPT, "--max-tokens", "6", "--check-ranks")
+    assert "error" not in proc.stderr, proc.stderr[-2000:]
     model, tokenizer = mlx_lm.load(str(default_model_dir))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
-    assert proc.stdout == mlx_lm.generate(model, tokenizer, prompt, max_tokens=10) + "\n"
+    assert proc.stdout == mlx_lm.generate(model, tokenizer, prompt, max_tokens=6) + "\n"
     assert proc.stderr.count("Acceptance: tau") == 1  # the followers print nothing
 
 
@@ -81,32 +81,62 @@ def test_two_ranks_match_one_process(default_model_dir, tmp_path, family, shardi
     assert mx.allclose(mx.array(got["features"]), mx.array(want["features"]), atol=1e-4).item()
 
 
+def test_unshardable_heads_is_one_line():
+    proc = cli(2, "generate", "--prompt", PROMPT, "--max-tokens", "2", "--sharding", "tensor")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # mlx.launch exits 0
+    assert errors, proc.stderr[-2000:]
+    assert "tensor parallel over 2 ranks needs head counts that divide by 2" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_unreachable_rank_is_one_line(tmp_path):
+    hostfile = tmp_path / "hosts.json"  # as mlx.launch writes it; nobody listens there
+    hostfile.write_text('[["127.0.0.1:1"], ["127.0.0.1:2"]]')
+    env = dict(os.environ, MLX_RANK="0", MLX_HOSTFILE=str(hostfile), DFLASH_CONNECT_TIMEOUT="1", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-c", "from app.cli import main; main()", "generate", "--prompt", PROMPT]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().startswith("error: rank 0 on ") and "reached no other rank in 1s" in proc.stderr
+
+
 @pytest.mark.parametrize(
-    "args, message",
+    "family, sharding, keep, message",
     [
-        (["--sharding", "tensor"], "tensor parallel over 2 ranks needs head counts that divide by 2"),
-        (["--sharding", "pipeline"], "pipeline sharding needs"),
-        (["--model", "/nowhere/model"], "/nowhere/model"),
+        ("llama", "pipeline", ("config.json", "model.safetensors.index.json"), "mlx-lm cannot shard 'llama' this way"),
+        ("qwen3_5", "pipeline", ("config.json", "model.safetensors"), "pipeline sharding needs"),
+        ("qwen3", "tensor", ("config.json",), "weights missing"),
     ],
 )
-def test_unshardable_is_one_line(args, message):
-    proc = cli(2, "generate", "--prompt", PROMPT, "--max-tokens", "2", *args)
-    assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+def test_sharding_errors_name_the_cause(default_model_dir, tmp_path, family, sharding, keep, message):
+    from dflash_mlx import load
+    from dflash_mlx.errors import UserError
+
+    path = tiny_target_dir(family, default_model_dir, tmp_path)
+    for file in path.iterdir():
+        if file.name not in keep and not file.name.startswith("tokenizer"):
+            file.unlink()
+    with pytest.raises(UserError, match=message):
+        load(str(path), sharding=sharding)
 
 
-def tiny_pair(family: str, tokenizer_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A tiny random `family` target saved with mlx-lm's weight index (pipeline loading reads
-    it) and a random drafter reading its first and last layers."""
-    from dflash_mlx.drafter import Drafter, DrafterConfig
-    from dflash_mlx.drafters import save_drafter
-    from tiny_targets import HIDDEN, save_tiny_target
+def tiny_target_dir(family: str, tokenizer_dir: Path, tmp_path: Path) -> Path:
+    """A tiny random `family` target saved with mlx-lm's weight index (pipeline loading reads it)."""
+    from tiny_targets import save_tiny_target
 
     path = save_tiny_target(family, tmp_path / family, tokenizer_dir, VOCAB)
     keys = mx.load(str(path / "model.safetensors"))
     index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in keys}}
     (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return path
+
+
+def tiny_pair(family: str, tokenizer_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny random 4-layer `family` target and a random drafter reading its first and last layers."""
+    from dflash_mlx.drafter import Drafter, DrafterConfig
+    from dflash_mlx.drafters import save_drafter
+    from tiny_targets import HIDDEN
+
+    path = tiny_target_dir(family, tokenizer_dir, tmp_path)
     mx.random.seed(1)
     config = DrafterConfig(
         hidden_size=HIDDEN,
