@@ -15,6 +15,7 @@ from typing import Any, Optional
 import mlx.core as mx
 from mlx_lm.models.base import create_ssm_mask
 
+from ..distributed import world_size
 from ..kernels import tape
 from ..rollback import Checkpoint
 from ..target import Target
@@ -26,8 +27,9 @@ class HybridTarget(Target):
 
     def use_kernels(self, on: bool = True) -> "HybridTarget":
         """With `on`, verify forwards record the gated-delta layers' tapes (where the layer
-        is one kernels/tape.py knows) and quantized projections go through `verify_qmm`."""
-        self.kernels = on and tape.any_supported(self.layers)
+        is one kernels/tape.py knows) and quantized projections go through `verify_qmm`
+        (in one process: a sharded layer all-reduces inside its own call)."""
+        self.kernels = on and world_size() == 1 and tape.any_supported(self.layers)
         return self
 
     def layer_forward(
