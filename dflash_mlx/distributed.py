@@ -114,14 +114,19 @@ def sharded_load(path: Path, sharding: str = "auto") -> tuple[nn.Module, Any]:
     except ValueError as e:  # mlx-lm's "The model does not support pipelining ..."
         kind = config.get("model_type")
         raise UserError(f"mlx-lm cannot shard {kind!r} this way: {e} (try another --sharding)") from None
-    _check_weights(path, getattr(model, "language_model", model).model)
+    missing = _missing_weights(path, getattr(model, "language_model", model).model)
+    failed = mx.distributed.all_sum(mx.array(int(bool(missing))), stream=mx.cpu).item()  # every rank stops
+    if missing:
+        raise UserError(f"{here()}: weights missing: {', '.join(missing)} not in {path}")
+    if failed:
+        raise UserError(f"{here()}: {failed} other rank(s) lack weights (see their error)")
     return model, tokenizer
 
 
-def _check_weights(path: Path, body: nn.Module) -> None:
-    """mlx-lm's sharded load is not strict (a missing file leaves random weights): every
-    file this rank reads must be here, that is every file the index names for a layer
-    of this rank's stage (all layers under tensor parallel) or for no layer."""
+def _missing_weights(path: Path, body: nn.Module) -> list[str]:
+    """mlx-lm's sharded load is not strict (a missing file leaves random weights): the
+    files this rank reads that are not here, of those the index names for a layer of this
+    rank's stage (every layer under tensor parallel) or for no layer."""
     index = path / "model.safetensors.index.json"
     if not index.is_file():
         files = {"model.safetensors"}
@@ -133,9 +138,7 @@ def _check_weights(path: Path, body: nn.Module) -> None:
             layer = re.search(r"(?:^|\.)layers\.(\d+)\.", key)
             if layer is None or int(layer.group(1)) in mine:
                 files.add(file)
-    missing = sorted(f for f in files if not (path / f).is_file())
-    if missing:
-        raise UserError(f"{here()}: weights missing: {', '.join(missing)} not in {path}")
+    return sorted(f for f in files if not (path / f).is_file())
 
 
 def _resolve(path: Path) -> str:
