@@ -5,42 +5,50 @@ request, with the same field checks (`api`: sampling through `DecodeOptions`, st
 strings, the token budget, the chat template), so it runs on the same worker with DFlash
 under it; only the names differ (`stop_sequences`, `system`, a required `max_tokens`) and
 the answer's shape. Any `model` name is accepted (clients such as Claude Code send their
-own) and the answer names the served model. Errors have Anthropic's shape
+own) and the answer names the served model. `tools` and `tool_use` / `tool_result`
+blocks become OpenAI's function tools, `tool_calls` and tool messages, so both APIs
+share one path into the chat template; the reply's calls come back as `tool_use`
+blocks (stop reason "tool_use") and its reasoning as `thinking` blocks. Errors have Anthropic's shape
 (`{"type": "error", "error": {"type", "message"}}`).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Optional
 
+from app.serve_output import Piece
 from app.api import (
     APIError,
     CompletionRequest,
     ModelInfo,
     chat_prompt,
     check_body,
+    check_tools,
     decode_options,
     flag,
+    reply_format,
+    split_reply,
     stop_strings,
     text_content,
     token_budget,
 )
 
 __all__ = [
+    "MessageStream",
     "count_tokens",
     "error_body",
     "message_body",
     "parse_messages",
     "stop_reason",
-    "stream_delta",
-    "stream_start",
-    "stream_stop",
 ]
 
 #: Anthropic's roles (a system prompt is the `system` field, not a message).
 ROLES = {"user": "user", "assistant": "assistant"}
+#: The roles of the OpenAI-shaped turns a Messages body becomes (`_openai_turns`).
+TURN_ROLES = {**ROLES, "tool": "tool"}
 #: The worker's finish reasons as Anthropic's stop reasons.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "cancelled": "end_turn"}
 #: Anthropic's error types by HTTP status.
@@ -53,28 +61,95 @@ def error_body(exc: APIError) -> dict:
     return {"type": "error", "error": {"type": kind, "message": str(exc)}}
 
 
-def _prompt(body: Any, info: ModelInfo) -> list[int]:
-    """The templated prompt of a Messages (or count_tokens) body: `system`, then `messages`."""
+def _tools(body: dict) -> list[dict]:
+    """Anthropic's `tools` (`name`, `description`, `input_schema`) in OpenAI's function
+    shape, unless `tool_choice` is `{"type": "none"}`; forcing a call is not supported."""
+    tools, choice = body.get("tools") or [], body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    if kind not in (None, "auto", "none"):
+        raise APIError("'tool_choice' must be auto or none: this server cannot force a tool call", param="tool_choice")
+    if not isinstance(tools, list):
+        raise APIError("'tools' must be a list", param="tools", code="invalid_type")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or "input_schema" not in tool:
+            raise APIError(f"'tools[{i}]' must be a client tool with 'name' and 'input_schema'", param="tools")
+        function = {
+            "name": tool["name"],
+            "description": tool.get("description", ""),
+            "parameters": tool["input_schema"],
+        }
+        out.append({"type": "function", "function": function})
+    return [] if kind == "none" else check_tools(out)
+
+
+def _blocks(content: Any, where: str) -> list:
+    """A message's content as a list of blocks (a string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise APIError(f"'{where}' must be a string or a list of content blocks", param=where, code="invalid_type")
+    return content
+
+
+def _openai_turns(message: Any, i: int) -> list[dict]:
+    """One Messages turn as OpenAI-shaped chat messages: a user's `tool_result` blocks
+    become tool messages, an assistant's `tool_use` blocks its `tool_calls`; earlier
+    `thinking` blocks are left out, as chat templates leave out earlier reasoning."""
+    where = f"messages[{i}]"
+    role = message.get("role") if isinstance(message, dict) else None
+    if role not in ROLES:
+        raise APIError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{where}.role")
+    blocks = [b for b in _blocks(message.get("content"), f"{where}.content") if b.get("type") != "thinking"]
+    turns = [
+        {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text_content(b.get("content", ""), where)}
+        for b in blocks
+        if b.get("type") == "tool_result"
+    ]
+    calls = [
+        {"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": b.get("input", {})}}
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    text = [b for b in blocks if b.get("type") not in ("tool_result", "tool_use")]
+    if text or calls or not turns:
+        turns.append(
+            {
+                "role": role,
+                "content": text_content(text, f"{where}.content"),
+                **({"tool_calls": calls} if calls else {}),
+            }
+        )
+    return turns
+
+
+def _prompt(body: Any, info: ModelInfo) -> tuple[list[int], list[dict]]:
+    """The templated prompt of a Messages (or count_tokens) body (`system`, `messages`,
+    `tools`), and the tools it offers (OpenAI's shape)."""
     body = check_body(body, info, any_model=True)
-    if body.get("tools"):
-        raise APIError("tools are not supported yet", param="tools", code="unsupported_parameter")
     system = body.get("system")
     system = None if system is None else text_content(system, "system")
-    prompt = chat_prompt(body, info.tokenizer, system, ROLES)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
+    turns = [t for i, m in enumerate(messages) for t in _openai_turns(m, i)]
+    tools = _tools(body)
+    prompt = chat_prompt(body, info.tokenizer, system, TURN_ROLES, tools, turns)
     if not prompt:
         raise APIError("the prompt is empty", param="messages")
-    return prompt
+    return prompt, tools
 
 
 def parse_messages(body: Any, info: ModelInfo) -> CompletionRequest:
     """Check a Messages request body and tokenize its prompt. Raises `APIError`."""
-    prompt = _prompt(body, info)
+    prompt, tools = _prompt(body, info)
     return CompletionRequest(
         chat=True,
         prompt=prompt,
         max_tokens=token_budget(body, info, len(prompt), required=True),
         stop=stop_strings(body, "stop_sequences"),
         stream=flag(body, "stream"),
+        **reply_format(info.tokenizer, prompt, tools),
         model=info.id,
         id="msg_" + uuid.uuid4().hex[:24],
         created=int(time.time()),
@@ -84,7 +159,7 @@ def parse_messages(body: Any, info: ModelInfo) -> CompletionRequest:
 
 def count_tokens(body: Any, info: ModelInfo) -> dict:
     """The answer of `/v1/messages/count_tokens`: the templated prompt's length."""
-    return {"input_tokens": len(_prompt(body, info))}
+    return {"input_tokens": len(_prompt(body, info)[0])}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -110,43 +185,104 @@ def _message(req: CompletionRequest, content: list, stop_reason: Optional[str], 
     }
 
 
-def stop_reason(finish_reason: str, stop_sequence: Optional[str]) -> str:
-    """Anthropic's stop reason of a finished request."""
-    return "stop_sequence" if stop_sequence is not None else STOP_REASONS[finish_reason]
+def stop_reason(finish_reason: str, stop_sequence: Optional[str], called: bool = False) -> str:
+    """Anthropic's stop reason of a finished request ("tool_use": it stopped after calling a tool)."""
+    if stop_sequence is not None:
+        return "stop_sequence"
+    return "tool_use" if called and finish_reason == "stop" else STOP_REASONS[finish_reason]
+
+
+def _arguments(call: dict) -> dict:
+    """A parsed call's arguments as the `input` object of a tool_use block."""
+    try:
+        value = json.loads(call["arguments"])
+    except json.JSONDecodeError:
+        value = call["arguments"]
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _block(piece: Piece) -> dict:
+    """The (empty, for text and thinking) content block a piece of the reply opens."""
+    if piece.kind == "tool":
+        return {"type": "tool_use", "id": piece.call["id"], "name": piece.call["name"], "input": {}}
+    return (
+        {"type": "thinking", "thinking": "", "signature": ""}
+        if piece.kind == "reasoning"
+        else {"type": "text", "text": ""}
+    )
 
 
 def message_body(req: CompletionRequest, text: str, done: Any, dflash: dict) -> dict:
-    """A whole (non-streamed) message, from the worker's `Done`."""
+    """A whole (non-streamed) message, from the worker's `Done`: text, `thinking` and
+    `tool_use` blocks in the order the reply wrote them."""
     use = _usage(done.prompt_tokens or len(req.prompt), done.completion_tokens, done.cached_tokens)
-    reason = stop_reason(done.finish_reason, done.stop_sequence)
-    content = [{"type": "text", "text": text}]
+    pieces, called = split_reply(req, text)
+    content: list[dict] = []
+    for piece in pieces:
+        if piece.kind == "tool":
+            content.append({**_block(piece), "input": _arguments(piece.call)})
+        elif content and content[-1]["type"] == _block(piece)["type"]:
+            content[-1][piece.kind.replace("reasoning", "thinking")] += piece.text
+        else:
+            content.append({**_block(piece), piece.kind.replace("reasoning", "thinking"): piece.text})
+    reason = stop_reason(done.finish_reason, done.stop_sequence, called)
     return {**_message(req, content, reason, done.stop_sequence, use), "dflash": dflash}
 
 
-def stream_start(req: CompletionRequest) -> list[tuple[str, dict]]:
-    """The (event, data) pairs that open a streamed message: message_start, content_block_start."""
-    head = _message(req, [], None, None, _usage(len(req.prompt), 0, 0))
-    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-    return [("message_start", {"type": "message_start", "message": head}), ("content_block_start", block)]
+class MessageStream:
+    """The events of a streamed message: content blocks opened and closed as the reply's
+    pieces come (message_start, then per block content_block_start / _delta / _stop,
+    then message_delta with the stop reason and usage, and message_stop)."""
 
+    def __init__(self, req: CompletionRequest):
+        self.req, self.index, self.open, self.called = req, -1, None, False
 
-def stream_delta(text: str) -> list[tuple[str, dict]]:
-    """New text of a streamed message: a content_block_delta with a text_delta."""
-    return [
-        (
-            "content_block_delta",
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+    def start(self) -> list[tuple[str, dict]]:
+        """message_start."""
+        head = _message(self.req, [], None, None, _usage(len(self.req.prompt), 0, 0))
+        return [("message_start", {"type": "message_start", "message": head})]
+
+    def _close(self) -> list[tuple[str, dict]]:
+        was, self.open = self.open, None
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.index})] if was else []
+
+    def _open(self, piece: Piece) -> list[tuple[str, dict]]:
+        events = self._close()
+        self.index, self.open = self.index + 1, piece.kind
+        return events + [
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": self.index, "content_block": _block(piece)},
+            )
+        ]
+
+    def pieces(self, pieces: list[Piece]) -> list[tuple[str, dict]]:
+        """The events of the reply's next pieces."""
+        events = []
+        for piece in pieces:
+            if piece.kind != self.open or piece.kind == "tool":
+                events += self._open(piece)
+            if piece.kind == "tool":
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(_arguments(piece.call))}
+                self.called = True
+            elif piece.kind == "reasoning":
+                delta = {"type": "thinking_delta", "thinking": piece.text}
+            else:
+                delta = {"type": "text_delta", "text": piece.text}
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}))
+        return events
+
+    def stop(self, done: Any, dflash: dict) -> list[tuple[str, dict]]:
+        """The events that close the message (an empty text block if it had none)."""
+        events = self._open(Piece("text")) if self.index < 0 else []
+        use = _usage(done.prompt_tokens or len(self.req.prompt), done.completion_tokens, done.cached_tokens)
+        reason = stop_reason(done.finish_reason, done.stop_sequence, self.called)
+        delta = {"stop_reason": reason, "stop_sequence": done.stop_sequence}
+        return (
+            events
+            + self._close()
+            + [
+                ("message_delta", {"type": "message_delta", "delta": delta, "usage": use, "dflash": dflash}),
+                ("message_stop", {"type": "message_stop"}),
+            ]
         )
-    ]
-
-
-def stream_stop(req: CompletionRequest, done: Any, dflash: dict) -> list[tuple[str, dict]]:
-    """The events that close a streamed message: content_block_stop, message_delta (the
-    stop reason and usage of the worker's `Done`), message_stop."""
-    use = _usage(done.prompt_tokens or len(req.prompt), done.completion_tokens, done.cached_tokens)
-    delta = {"stop_reason": stop_reason(done.finish_reason, done.stop_sequence), "stop_sequence": done.stop_sequence}
-    return [
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta", "delta": delta, "usage": use, "dflash": dflash}),
-        ("message_stop", {"type": "message_stop"}),
-    ]

@@ -12,12 +12,16 @@ are shared with Anthropic's Messages format (`anthropic_api`).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
+from jinja2 import TemplateError
+
+from app.serve_output import OutputSplitter, Piece, ToolFormat, think_markers, tool_format, tool_prompt
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.options import DecodeOptions, OptionError
 
@@ -28,13 +32,18 @@ __all__ = [
     "TokenLogprob",
     "chat_prompt",
     "check_body",
+    "check_tools",
     "chunk",
     "completion_body",
+    "finish",
+    "piece_chunks",
+    "split_reply",
     "decode_options",
     "dflash_stats",
     "flag",
     "logprobs_body",
     "parse_request",
+    "reply_format",
     "stop_strings",
     "text_content",
     "token_budget",
@@ -43,10 +52,12 @@ __all__ = [
 
 #: Request fields by `DecodeOptions` field, where OpenAI names them differently.
 API_NAMES = {"temp": "temperature"}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP = 16
 #: Fields refused when set to anything but their off value: we do not implement them.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "echo", "suffix", "logit_bias")
+UNSUPPORTED = ("functions", "echo", "suffix", "logit_bias")
+#: `chat_template_kwargs` the server sets itself.
+RESERVED_TEMPLATE_KWARGS = {"messages", "conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
 MAX_TOP_LOGPROBS = 20
 
 
@@ -91,9 +102,20 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: Optional[int] = None  # top alternatives per token (0: the chosen token's alone); None: off
+    tools: tuple = ()  # offered (OpenAI's function shape); their calls are parsed out of the reply
+    tool_format: Optional[ToolFormat] = None
+    think: Optional[tuple[str, str]] = None  # the template's think markers, if it thinks
+    thinking: bool = False  # the prompt opened the reasoning
     model: str = ""
     id: str = ""
     created: int = 0
+
+    def splitter(self) -> Optional[OutputSplitter]:
+        """A fresh splitter of this reply into text, reasoning and tool calls; None where
+        the reply is all text (no tools offered, a template that does not think)."""
+        if not self.tools and not self.think:
+            return None
+        return OutputSplitter(self.tools, self.tool_format, self.think, self.thinking)
 
 
 # --------------------------------------------------------------------------- fields
@@ -168,25 +190,120 @@ def text_content(content: Any, where: str) -> str:
     return content
 
 
+def _tool_calls(value: Any, where: str) -> list[dict]:
+    """An assistant message's `tool_calls` as templates take them (arguments as objects)."""
+    if not isinstance(value, list):
+        raise APIError(f"'{where}' must be a list", param=where, code="invalid_type")
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise APIError(f"'{where}[{i}].function.name' must be a string", param=f"{where}[{i}]")
+        arguments = function.get("arguments") or {}
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            raise APIError(f"'{where}[{i}].function.arguments' is not JSON", param=f"{where}[{i}]") from None
+        calls.append({"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}})
+    return calls
+
+
 def _content(message: Any, i: int, roles: dict) -> dict:
-    """One chat message as `{"role", "content"}` with text content."""
+    """One chat message as `{"role", "content"}` with text content (and an assistant's
+    `tool_calls`, a tool message's `tool_call_id`)."""
     where = f"messages[{i}]"
     if not isinstance(message, dict):
         raise APIError(f"'{where}' must be an object with 'role' and 'content'", param=where, code="invalid_type")
     role = message.get("role")
     if role not in roles:
         raise APIError(f"'{where}.role' must be one of {', '.join(roles)}; got {role!r}", param=f"{where}.role")
-    return {"role": roles[role], "content": text_content(message.get("content"), f"{where}.content")}
+    calls = message.get("tool_calls") if role == "assistant" else None
+    content = message.get("content")
+    text = "" if content is None and calls else text_content(content, f"{where}.content")
+    turn = {"role": roles[role], "content": text}
+    if calls:
+        turn["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls")
+    if role == "tool":
+        turn["tool_call_id"] = message.get("tool_call_id")
+    return turn
 
 
-def chat_prompt(body: dict, tokenizer: Any, system: Optional[str] = None, roles: dict = ROLES) -> list[int]:
-    """The templated prompt of `body["messages"]` (after a `system` message, if given)."""
-    messages = body.get("messages")
+def check_tools(value: Any) -> list[dict]:
+    """OpenAI's `tools` (functions with a name and JSON-schema parameters), checked."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise APIError("'tools' must be a list", param="tools", code="invalid_type")
+    for i, tool in enumerate(value):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise APIError(f"'tools[{i}]' must be {{'type': 'function', 'function': {{'name', ...}}}}", param="tools")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise APIError(f"'tools[{i}].function.parameters' must be an object", param="tools")
+    return value
+
+
+def _plain_turns(turns: list[dict], fmt: ToolFormat) -> list[dict]:
+    """`turns` for a template that knows no tools: an assistant's calls written in `fmt`
+    after its text, a tool's result as a user turn in `<tool_response>` tags."""
+    out = []
+    for turn in turns:
+        calls = [
+            fmt.start + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}) + fmt.end
+            for c in turn.get("tool_calls", ())
+        ]
+        if turn["role"] == "tool":
+            turn = {"role": "user", "content": f"<tool_response>\n{turn['content']}\n</tool_response>"}
+        elif calls:
+            turn = {"role": "assistant", "content": "\n".join(([turn["content"]] if turn["content"] else []) + calls)}
+        out.append(turn)
+    return out
+
+
+def _template_kwargs(body: dict) -> dict:
+    """`chat_template_kwargs` (e.g. `enable_thinking`), passed to the chat template."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise APIError("'chat_template_kwargs' must be an object", param="chat_template_kwargs", code="invalid_type")
+    taken = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
+    if taken:
+        raise APIError(f"'chat_template_kwargs' cannot set {', '.join(taken)}", param="chat_template_kwargs")
+    return kwargs
+
+
+def chat_prompt(
+    body: dict,
+    tokenizer: Any,
+    system: Optional[str] = None,
+    roles: dict = ROLES,
+    tools: Sequence[dict] = (),
+    messages: Optional[list] = None,
+) -> list[int]:
+    """The templated prompt of `messages` (default `body["messages"]`), after a `system`
+    message if given, offering `tools`: to the template where it takes tools (it names
+    `tools`), else as a system message (`tool_prompt`) with the tool turns in plain text."""
+    messages = body.get("messages") if messages is None else messages
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
     turns = [{"role": "system", "content": system}] if system else []
     turns += [_content(m, i, roles) for i, m in enumerate(messages)]
-    return list(apply_chat_template(tokenizer, turns))
+    kwargs = _template_kwargs(body)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and "tools" in template:
+        kwargs["tools"] = list(tools) or None
+    else:
+        turns = _plain_turns(turns, tool_format(tokenizer))
+        if tools:
+            offer = tool_prompt(tools, tool_format(tokenizer))
+            head = turns[0]["content"] + "\n\n" if turns[0]["role"] == "system" else ""
+            turns = [{"role": "system", "content": head + offer}] + turns[bool(head) :]
+    try:
+        return list(apply_chat_template(tokenizer, turns, **kwargs))
+    except (TemplateError, TypeError, KeyError) as exc:
+        raise APIError(f"the chat template refused these messages: {exc}", param="messages") from None
 
 
 def _text_prompt(body: dict, tokenizer: Any) -> list[int]:
@@ -277,6 +394,33 @@ def _logprobs(body: dict, chat: bool) -> Optional[int]:
     return top
 
 
+def _offered_tools(body: dict, chat: bool) -> list[dict]:
+    """The tools a chat request offers: its `tools`, unless `tool_choice` is "none"
+    ("auto" and absent offer them; forcing a call is not supported)."""
+    tools, choice = check_tools(body.get("tools")), body.get("tool_choice")
+    if tools and not chat:
+        raise APIError("'tools' needs /v1/chat/completions", param="tools", code="unsupported_parameter")
+    if choice not in (None, "auto", "none"):
+        raise APIError(
+            "'tool_choice' must be 'auto' or 'none': this server cannot force a tool call",
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+    return [] if choice == "none" else tools
+
+
+def reply_format(tokenizer: Any, prompt: Sequence[int], tools: Sequence[dict]) -> dict:
+    """The `CompletionRequest` fields that say how to split a chat reply: the tools
+    offered and how the model calls them, the think markers, and whether the prompt
+    ends inside an opened reasoning (templates that start the thinking themselves)."""
+    think = think_markers(tokenizer)
+    thinking = False
+    if think:
+        tail = tokenizer.decode(list(prompt[-64:]))
+        thinking = tail.rfind(think[0]) > tail.rfind(think[1])
+    return {"tools": tuple(tools), "tool_format": tool_format(tokenizer), "think": think, "thinking": thinking}
+
+
 def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionRequest:
     """Check a decoded JSON body and tokenize its prompt. Raises `APIError`."""
     body = check_body(body, info)
@@ -284,7 +428,8 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise APIError("'stream_options' must be an object", param="stream_options", code="invalid_type")
-    prompt = chat_prompt(body, info.tokenizer) if chat else _text_prompt(body, info.tokenizer)
+    tools = _offered_tools(body, chat)
+    prompt = chat_prompt(body, info.tokenizer, tools=tools) if chat else _text_prompt(body, info.tokenizer)
     if not prompt:
         raise APIError("the prompt is empty", param="messages" if chat else "prompt")
     return CompletionRequest(
@@ -295,6 +440,7 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
         stream=flag(body, "stream"),
         include_usage=flag(options or {}, "include_usage"),
         logprobs=_logprobs(body, chat),
+        **(reply_format(info.tokenizer, prompt, tools) if chat else {}),
         model=info.id,
         id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
         created=int(time.time()),
@@ -356,13 +502,48 @@ def _head(req: CompletionRequest, obj: str) -> dict:
     return {"id": req.id, "object": obj, "created": req.created, "model": req.model}
 
 
+def _openai_call(call: dict, streamed: bool) -> dict:
+    head = {"index": call["index"]} if streamed else {}
+    function = {"name": call["name"], "arguments": call["arguments"]}
+    return {**head, "id": call["id"], "type": "function", "function": function}
+
+
+def _piece_delta(piece: Piece) -> dict:
+    """A piece of a reply as a streamed chat delta."""
+    if piece.kind == "tool":
+        return {"tool_calls": [_openai_call(piece.call, True)]}
+    return {"reasoning_content" if piece.kind == "reasoning" else "content": piece.text}
+
+
+def split_reply(req: CompletionRequest, text: str) -> tuple[list[Piece], bool]:
+    """The pieces of a whole reply (all text where `req` does not split), and whether it called a tool."""
+    splitter = req.splitter()
+    if splitter is None:
+        return [Piece("text", text)], False
+    return splitter.feed(text) + splitter.close(), splitter.calls > 0
+
+
+def finish(reason: str, called: bool) -> str:
+    """OpenAI's finish reason: "tool_calls" where a reply that stopped by itself called a tool."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
 def completion_body(
     req: CompletionRequest, text: str, finish_reason: str, use: dict, dflash: dict, logprobs: Optional[dict] = None
 ) -> dict:
-    """A whole (non-streamed) chat.completion or text_completion (`logprobs`: `logprobs_body`'s)."""
+    """A whole (non-streamed) chat.completion or text_completion (`logprobs`: `logprobs_body`'s).
+    A chat reply's reasoning is its message's `reasoning_content`, its calls `tool_calls`."""
     if req.chat:
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        pieces, called = split_reply(req, text)
+        message = {"role": "assistant", "content": "".join(p.text for p in pieces if p.kind == "text") or None}
+        if not called and message["content"] is None:
+            message["content"] = ""
+        reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if called:
+            message["tool_calls"] = [_openai_call(p.call, False) for p in pieces if p.kind == "tool"]
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish(finish_reason, called)}
         return {**_head(req, "chat.completion"), "choices": [choice], "usage": use, "dflash": dflash}
     choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**_head(req, "text_completion"), "choices": [choice], "usage": use, "dflash": dflash}
@@ -384,6 +565,18 @@ def chunk(
         return {**_head(req, "chat.completion.chunk"), "choices": [choice], **extra}
     choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     return {**_head(req, "text_completion"), "choices": [choice], **extra}
+
+
+def piece_chunks(req: CompletionRequest, pieces: Sequence[Piece], logprobs: Optional[dict]) -> list[dict]:
+    """The chat chunks of a split reply's new pieces (`logprobs` ride on the first; with
+    no pieces, on a chunk of their own)."""
+    chunks = []
+    for piece in pieces:
+        out = chunk(req, "", logprobs=logprobs)
+        out["choices"][0]["delta"] = _piece_delta(piece)
+        chunks.append(out)
+        logprobs = None
+    return chunks or ([chunk(req, "", logprobs=logprobs)] if logprobs else [])
 
 
 def _token(token: str, logprob: float) -> dict:

@@ -39,10 +39,13 @@ from app.api import (
     chunk,
     completion_body,
     dflash_stats,
+    finish,
     logprobs_body,
     parse_request,
+    piece_chunks,
     usage,
 )
+from app.serve_output import Piece
 from app.serve_worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
 
 __all__ = ["create_app", "host_warning", "run_server"]
@@ -116,18 +119,27 @@ async def _events(job: Job) -> AsyncIterator[Delta | Done]:
 
 
 async def _stream(job: Job) -> AsyncIterator[bytes]:
-    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`; a chat
+    reply that splits (tools, reasoning) streams its pieces as their own deltas."""
     req, offset = job.request, 0  # offset: of the next token in the text (legacy logprobs)
+    splitter = req.splitter()
     if req.chat:
         yield _sse(chunk(req, None))
     try:
         async for event in _events(job):
             if isinstance(event, Delta):
-                yield _sse(chunk(req, event.text, logprobs=logprobs_body(req, event.logprobs, offset)))
+                logprobs = logprobs_body(req, event.logprobs, offset)
                 offset += sum(len(e.token) for e in event.logprobs)
+                if splitter is None:
+                    yield _sse(chunk(req, event.text, logprobs=logprobs))
+                for out in piece_chunks(req, splitter.feed(event.text), logprobs) if splitter else ():
+                    yield _sse(out)
                 continue
+            for out in piece_chunks(req, splitter.close(), None) if splitter else ():
+                yield _sse(out)
             use, dflash = _finish(req, event)
-            yield _sse(chunk(req, None, event.finish_reason, dflash=dflash))
+            reason = finish(event.finish_reason, bool(splitter and splitter.calls))
+            yield _sse(chunk(req, None, reason, dflash=dflash))
             if req.include_usage:
                 yield _sse({**chunk(req, None), "choices": [], "usage": use, "dflash": dflash})
     except APIError as exc:
@@ -137,16 +149,17 @@ async def _stream(job: Job) -> AsyncIterator[bytes]:
 
 async def _anthropic_stream(job: Job) -> AsyncIterator[bytes]:
     """Server-sent events in Anthropic's sequence, each named by its `event:` line."""
-    req = job.request
-    for name, data in anthropic_api.stream_start(req):
+    req, blocks = job.request, anthropic_api.MessageStream(job.request)
+    splitter = req.splitter()
+    for name, data in blocks.start():
         yield _sse(data, name)
     try:
         async for event in _events(job):
-            pairs = (
-                anthropic_api.stream_delta(event.text)
-                if isinstance(event, Delta)
-                else anthropic_api.stream_stop(req, event, _finish(req, event)[1])
-            )
+            if isinstance(event, Delta):
+                pieces = splitter.feed(event.text) if splitter else [Piece("text", event.text)] * bool(event.text)
+                pairs = blocks.pieces(pieces)
+            else:
+                pairs = blocks.pieces(splitter.close() if splitter else []) + blocks.stop(event, _finish(req, event)[1])
             for name, data in pairs:
                 yield _sse(data, name)
     except APIError as exc:

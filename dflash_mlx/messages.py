@@ -27,12 +27,17 @@ def user_messages(prompt: str, system: Optional[str] = None) -> list[dict]:
     return head + [{"role": "user", "content": prompt}]
 
 
-def apply_chat_template(tokenizer: Any, messages: Sequence[dict], *, tokenize: bool = True) -> list[int] | str:
+def apply_chat_template(
+    tokenizer: Any, messages: Sequence[dict], *, tokenize: bool = True, **template_kwargs: Any
+) -> list[int] | str:
     """The generation prompt for `messages`: the tokenizer's chat template with the
-    assistant's turn opened, as token ids (or text with ``tokenize=False``). A tokenizer
+    assistant's turn opened, as token ids (or text with ``tokenize=False``);
+    `template_kwargs` (``tools``, ``enable_thinking``, ...) go to the template. A tokenizer
     without a template gets the messages' contents joined by newlines."""
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=tokenize)
+        out = tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=tokenize, **template_kwargs
+        )
         if isinstance(out, dict):  # some tokenizers return a BatchEncoding
             out = out["input_ids"]
         return out if isinstance(out, str) else list(out)

@@ -104,7 +104,7 @@ def test_bad_requests_get_anthropic_errors(client, live):
     bad = [
         ({"messages": user("hi")}, "max_tokens"),
         ({"messages": user("hi"), "max_tokens": 8, "temperature": -1}, "temperature"),
-        ({"messages": user("hi"), "max_tokens": 8, "tools": [{"name": "f", "input_schema": {}}]}, "tools"),
+        ({"messages": user("hi"), "max_tokens": 8, "tools": [{"name": "f"}]}, "tools"),
         ({"messages": [{"role": "system", "content": "hi"}], "max_tokens": 8}, "role"),
         ({"messages": user("hi"), "max_tokens": 8, "stop_sequences": [3]}, "stop_sequences"),
     ]
@@ -114,9 +114,13 @@ def test_bad_requests_get_anthropic_errors(client, live):
         error = r.json()
         assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
         assert field in error["error"]["message"]
-    with pytest.raises(anthropic.BadRequestError, match="tools are not supported yet"):
+    with pytest.raises(anthropic.BadRequestError, match="cannot force a tool call"):
         client.messages.create(
-            model=MODEL, messages=user("hi"), max_tokens=8, tools=[{"name": "f", "input_schema": {"type": "object"}}]
+            model=MODEL,
+            messages=user("hi"),
+            max_tokens=8,
+            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+            tool_choice={"type": "any"},
         )
 
 
