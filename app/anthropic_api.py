@@ -32,6 +32,7 @@ from app.api import (
     reply_format,
     split_reply,
     stop_strings,
+    template_kwargs,
     text_content,
     token_budget,
 )
@@ -123,6 +124,18 @@ def _openai_turns(message: Any, i: int) -> list[dict]:
     return turns
 
 
+def _thinking(body: dict) -> dict:
+    """Anthropic's `thinking` (`{"type": "enabled" | "disabled", ...}`) as the template's
+    `enable_thinking`; absent: the template's own default."""
+    thinking = body.get("thinking")
+    if thinking is None:
+        return {}
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in ("enabled", "disabled"):
+        raise APIError("'thinking.type' must be 'enabled' or 'disabled'", param="thinking")
+    return {"enable_thinking": kind == "enabled"}
+
+
 def _prompt(body: Any, info: ModelInfo) -> tuple[list[int], list[dict]]:
     """The templated prompt of a Messages (or count_tokens) body (`system`, `messages`,
     `tools`), and the tools it offers (OpenAI's shape)."""
@@ -134,7 +147,9 @@ def _prompt(body: Any, info: ModelInfo) -> tuple[list[int], list[dict]]:
         raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
     turns = [t for i, m in enumerate(messages) for t in _openai_turns(m, i)]
     tools = _tools(body)
-    prompt = chat_prompt(body, info.tokenizer, system, TURN_ROLES, tools, turns)
+    prompt = chat_prompt(
+        body, info.tokenizer, system, TURN_ROLES, tools, turns, {**template_kwargs(body), **_thinking(body)}
+    )
     if not prompt:
         raise APIError("the prompt is empty", param="messages")
     return prompt, tools

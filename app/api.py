@@ -45,6 +45,7 @@ __all__ = [
     "parse_request",
     "reply_format",
     "stop_strings",
+    "template_kwargs",
     "text_content",
     "token_budget",
     "usage",
@@ -261,7 +262,7 @@ def _plain_turns(turns: list[dict], fmt: ToolFormat) -> list[dict]:
     return out
 
 
-def _template_kwargs(body: dict) -> dict:
+def template_kwargs(body: dict) -> dict:
     """`chat_template_kwargs` (e.g. `enable_thinking`), passed to the chat template."""
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
@@ -281,16 +282,18 @@ def chat_prompt(
     roles: dict = ROLES,
     tools: Sequence[dict] = (),
     messages: Optional[list] = None,
+    kwargs: Optional[dict] = None,
 ) -> list[int]:
     """The templated prompt of `messages` (default `body["messages"]`), after a `system`
     message if given, offering `tools`: to the template where it takes tools (it names
-    `tools`), else as a system message (`tool_prompt`) with the tool turns in plain text."""
+    `tools`), else as a system message (`tool_prompt`) with the tool turns in plain text.
+    `kwargs` (default `template_kwargs(body)`) go to the template."""
     messages = body.get("messages") if messages is None else messages
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
     turns = [{"role": "system", "content": system}] if system else []
     turns += [_content(m, i, roles) for i, m in enumerate(messages)]
-    kwargs = _template_kwargs(body)
+    kwargs = dict(template_kwargs(body) if kwargs is None else kwargs)
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, str) and "tools" in template:
         kwargs["tools"] = list(tools) or None
