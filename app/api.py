@@ -56,7 +56,10 @@ API_NAMES = {"temp": "temperature"}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP = 16
 #: Fields refused when set to anything but their off value: we do not implement them.
-UNSUPPORTED = ("functions", "echo", "suffix", "logit_bias")
+UNSUPPORTED = ("functions", "echo", "suffix")
+#: Fields that reshape the target's distribution: refused, not ignored (the loop samples
+#: and accepts by the target's own distribution; see README, "Sampling fields").
+PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias")
 #: `chat_template_kwargs` the server sets itself.
 RESERVED_TEMPLATE_KWARGS = {"messages", "conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
 MAX_TOP_LOGPROBS = 20
@@ -164,6 +167,13 @@ def stop_strings(body: dict, name: str = "stop") -> list[str]:
 
 
 def _refuse_unsupported(body: dict) -> None:
+    for name in PENALTIES:
+        if body.get(name) not in (None, 0, {}) and not (name == "repetition_penalty" and body[name] == 1):
+            raise APIError(
+                f"'{name}' is not supported: DFlash samples and accepts by the target's own distribution",
+                param=name,
+                code="unsupported_parameter",
+            )
     for name in UNSUPPORTED:
         if body.get(name) not in (None, False, [], {}, "", "none", 0):
             raise APIError(f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")

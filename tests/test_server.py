@@ -106,6 +106,9 @@ BAD = [
     ({"messages": user("hi"), "n": 2}, 400, "n"),
     ({"messages": user("hi"), "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": user("hi"), "seed": 1.5}, 400, "seed"),
+    ({"messages": user("hi"), "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"messages": user("hi"), "presence_penalty": -1}, 400, "presence_penalty"),
+    ({"messages": user("hi"), "logit_bias": {"42": 5}}, 400, "logit_bias"),
     ({"messages": user("word " * 9000)}, 400, "messages"),  # longer than the 8192-token context
 ]
 
@@ -352,3 +355,11 @@ def test_dflash_serve_process_end_to_end(default_model_dir):
             proc.wait()
     assert proc.returncode == 0, err
     assert "serving SmolLM2-135M-Instruct on http://127.0.0.1" in err and "Traceback" not in err
+
+
+def test_penalties_off_are_accepted(default_model):
+    from app.api import ModelInfo, parse_request
+
+    info = ModelInfo("m", default_model[1], 2048, 8)
+    off = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1}
+    assert parse_request({"messages": user("hi"), **off}, info, chat=True).prompt
