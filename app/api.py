@@ -338,19 +338,22 @@ def _text_prompt(body: dict, tokenizer: Any) -> list[int]:
 
 
 def token_budget(body: dict, info: ModelInfo, prompt_tokens: int, *, required: bool = False) -> int:
-    """The request's `max_tokens` (or `max_completion_tokens`), within the context left
-    after the prompt; the server's default when absent, unless `required`."""
+    """The request's `max_tokens` (or `max_completion_tokens`); the prompt and it must fit
+    the context (a 400 otherwise). Absent (unless `required`): the server's default,
+    cut to the context left after the prompt."""
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     value = _integer(body, name)
     if value is None and required:
         raise APIError(f"'{name}' is required", param=name, code="missing_field")
-    if value is None:
+    asked = value is not None
+    if not asked:
         value = info.default_max_tokens
     elif not 1 <= value <= info.context_length:
         raise APIError(f"'{name}' must be between 1 and {info.context_length}; got {value}", param=name)
-    if prompt_tokens >= info.context_length:
+    if prompt_tokens >= info.context_length or (asked and prompt_tokens + value > info.context_length):
+        tail = f" and '{name}' {value}" if asked else ""
         raise APIError(
-            f"the prompt is {prompt_tokens} tokens; this model's context is {info.context_length}",
+            f"the prompt is {prompt_tokens} tokens{tail}; this model's context is {info.context_length}",
             param="messages" if "messages" in body else "prompt",
             code="context_length_exceeded",
         )

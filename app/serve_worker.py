@@ -18,6 +18,7 @@ import asyncio
 import queue
 import secrets
 import threading
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
@@ -27,7 +28,7 @@ from dflash_mlx.options import DecodeOptions
 
 import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
 
-__all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "QueueFull", "Worker"]
+__all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker"]
 
 QUEUE_POLICY = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
 
@@ -53,6 +54,43 @@ class Done:
     stats: Any = None  # dflash_mlx.GenerationStats
     generation_tps: float = 0.0
     prompt_tps: float = 0.0
+
+
+@dataclass
+class Metrics:
+    """Running totals over the served requests, for `/metrics`. The worker thread writes
+    all but `rejected` (the server's, for requests refused before the queue); readers on
+    other threads may see one request's fields half-added, as scrapes tolerate."""
+
+    finished: Counter = field(default_factory=Counter)  # requests by finish reason
+    rejected: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens read from a prompt cache
+    cache_hits: int = 0  # requests that read some
+    completion_tokens: int = 0
+    generation_seconds: float = 0.0
+    cycles: int = 0  # draft/verify cycles, and the tokens they committed
+    committed: int = 0
+    last_tokens_per_second: float = 0.0
+
+    def record(self, done: Done) -> None:
+        """Add a finished request."""
+        self.finished[done.finish_reason] += 1
+        self.prompt_tokens += done.prompt_tokens
+        self.cached_tokens += done.cached_tokens
+        self.cache_hits += done.cached_tokens > 0
+        self.completion_tokens += done.completion_tokens
+        if done.generation_tps > 0:
+            self.generation_seconds += done.completion_tokens / done.generation_tps
+            self.last_tokens_per_second = done.generation_tps
+        if done.stats is not None:
+            self.cycles += len(done.stats.accepted_lengths)
+            self.committed += done.stats.committed
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per cycle over all requests (0 before the first cycle)."""
+        return self.committed / self.cycles if self.cycles else 0.0
 
 
 class QueueFull(Exception):
@@ -151,6 +189,7 @@ class Worker(ModelThread):
         self.ready = threading.Event()  # set once loading ended, well or not
         self.running: Optional[Job] = None
         self.served = 0
+        self.metrics = Metrics()
         self.pool: Optional[CachePool] = None  # owned by the worker thread
 
     # ---- any thread
@@ -213,12 +252,13 @@ class Worker(ModelThread):
     def handle(self, job: Job) -> None:
         self.running = job
         try:
-            self._generate(job)
+            self.metrics.record(self._generate(job))
         finally:
             self.running = None
             self.served += 1
 
     def failed(self, job: Job, message: str) -> None:
+        self.metrics.finished["failed"] += 1
         job.emit(Failed(message))
 
     def forget(self) -> None:
@@ -233,10 +273,12 @@ class Worker(ModelThread):
             return replace(options, seed=secrets.randbits(63))
         return options
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job) -> Done:
+        """Decode `job` to its end, emitting its text as it comes; its `Done`, also emitted."""
         if job.cancelled.is_set():
-            job.emit(Done("cancelled"))
-            return
+            done = Done("cancelled")
+            job.emit(done)
+            return done
         req, cache = job.request, self.pool.take(job.request.prompt)
         tokens, text, eos = [], [], self.tokenizer.eos_token_ids
 
@@ -265,7 +307,9 @@ class Worker(ModelThread):
         stop = None
         if reason == "stop" and req.stop and tokens[-1] not in eos:
             stop = _stop_hit(self.tokenizer.decode(tokens), "".join(text), req.stop)
-        job.emit(_done(reason, stop, last))
+        done = _done(reason, stop, last)
+        job.emit(done)
+        return done
 
 
 def _token_logprob(tokenizer: Any, response: Any, top: int) -> TokenLogprob:

@@ -48,7 +48,7 @@ from app.api import (
 from app.serve_output import Piece
 from app.serve_worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
 
-__all__ = ["create_app", "host_warning", "run_server"]
+__all__ = ["create_app", "host_warning", "metrics_text", "run_server"]
 
 DISCONNECT_POLL = 0.25  # seconds between disconnect checks of a non-streamed request
 MESSAGES = "/v1/messages"  # Anthropic's Messages API (`anthropic_api`)
@@ -60,6 +60,9 @@ def _is_anthropic(request: Request) -> bool:
 
 
 def _error(request: Request, exc: APIError) -> JSONResponse:
+    worker = getattr(request.app.state, "worker", None)
+    if worker is not None and exc.status < 500:
+        worker.metrics.rejected += 1
     body = anthropic_api.error_body(exc) if _is_anthropic(request) else exc.body()
     return JSONResponse(body, status_code=exc.status)
 
@@ -258,6 +261,9 @@ def create_app(worker: Worker) -> Starlette:
         body = {"status": status, "model": info and info.id, "draft": bool(info and info.has_draft), "queue": queue}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
+    async def metrics(request: Request) -> Response:
+        return Response(metrics_text(worker), media_type="text/plain; version=0.0.4")
+
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -265,9 +271,38 @@ def create_app(worker: Worker) -> Starlette:
         Route(f"{MESSAGES}/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _server_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.worker = worker
+    return app
+
+
+def metrics_text(worker: Worker) -> str:
+    """The worker's counters in Prometheus' text format (each metric with HELP and TYPE)."""
+    m = worker.metrics
+    rows = [
+        ("requests_total", "counter", "requests finished, by finish reason", dict(m.finished) or {"stop": 0}),
+        ("requests_rejected_total", "counter", "requests refused with a 4xx before the queue", m.rejected),
+        ("queue_waiting", "gauge", "requests waiting for the worker (first come, first served)", worker.waiting),
+        ("queue_running", "gauge", "requests decoding now (0 or 1)", int(worker.running is not None)),
+        ("prompt_tokens_total", "counter", "prompt tokens of finished requests", m.prompt_tokens),
+        ("prompt_cache_hits_total", "counter", "requests that read part of their prompt from a cache", m.cache_hits),
+        ("prompt_cached_tokens_total", "counter", "prompt tokens read from a prompt cache", m.cached_tokens),
+        ("completion_tokens_total", "counter", "tokens generated", m.completion_tokens),
+        ("generation_seconds_total", "counter", "seconds spent generating them", round(m.generation_seconds, 6)),
+        ("tokens_per_second", "gauge", "generation speed of the last finished request", m.last_tokens_per_second),
+        ("cycles_total", "counter", "draft/verify cycles", m.cycles),
+        ("tau", "gauge", "mean tokens committed per cycle, all requests", round(m.tau, 4)),
+    ]
+    lines = []
+    for name, kind, about, value in rows:
+        lines += [f"# HELP dflash_{name} {about}", f"# TYPE dflash_{name} {kind}"]
+        values = value if isinstance(value, dict) else {None: value}
+        for label, v in values.items():
+            lines.append(f'dflash_{name}{{finish_reason="{label}"}} {v}' if label else f"dflash_{name} {v}")
+    return "\n".join(lines) + "\n"
 
 
 def host_warning(host: str) -> Optional[str]:
