@@ -4,7 +4,9 @@ Starlette on uvicorn does the HTTP; `serve_worker.Worker` does every MLX evaluat
 one thread, one request at a time in arrival order; `api` (OpenAI's chat and text
 completions) and `anthropic_api` (Anthropic's Messages) check requests into one
 `CompletionRequest` and shape the answers; the path from a checked request to its
-answer (`complete`) is the same for both. Every request, greedy or sampled, goes
+answer (`complete`) is the same for both. A chat reply that may hold reasoning or tool
+calls is split as it streams (`serve_output.OutputSplitter`) into each API's deltas or
+blocks. `/metrics` reads the worker's running totals (`serve_worker.Metrics`). Every request, greedy or sampled, goes
 through `dflash_mlx.stream_generate` with the drafter, so what comes back is exactly the
 target's own distribution (greedy: its own tokens) -- the server never falls back to
 target-only decoding for sampling.

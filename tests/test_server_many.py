@@ -14,6 +14,9 @@ import httpx
 import pytest
 from test_server import CHAT, PROMPTS, sse, user, wait_idle
 
+from app.api import parse_request
+from app.serve_worker import Done, Job
+
 pytestmark = pytest.mark.slow
 STREAMS = 32
 MAX_TOKENS = 4
@@ -74,3 +77,24 @@ def test_prompt_and_max_tokens_must_fit_the_context(live, worker):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     rejected = metric(httpx.get(f"{live}/metrics").text, "requests_rejected_total")
     assert rejected >= 2
+
+
+def test_the_queue_is_first_come_first_served(worker):
+    wait_idle(worker)
+
+    async def run() -> list[int]:
+        loop, order = asyncio.get_running_loop(), []
+        bodies = [{"messages": user(p), "max_tokens": 2, "temperature": 0} for p in PROMPTS[:6]]
+        jobs = [Job(parse_request(b, worker.info, chat=True), loop) for b in bodies]
+        for job in jobs:
+            worker.submit(job)
+
+        async def finished(i: int, job: Job) -> None:
+            while not isinstance(await job.events.get(), Done):
+                pass
+            order.append(i)
+
+        await asyncio.gather(*(finished(i, job) for i, job in enumerate(jobs)))
+        return order
+
+    assert asyncio.run(run()) == list(range(6))

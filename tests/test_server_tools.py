@@ -148,7 +148,7 @@ def test_tool_fields_are_checked(tokenizer):
         (
             {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]},
             True,
-            "",
+            "arguments",
         ),
     ]
     for body, is_chat, field in bad:
