@@ -22,6 +22,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from .distributed import Stage, gathered_rows, world_size
 from .kernels import decoder
+from .kernels.tune import tune
 from .rollback import Checkpoint
 
 
@@ -56,6 +57,8 @@ class Target:
         models it does not know, run the model's own modules (so do sharded ones, whose
         layers all-reduce inside). Returns self."""
         self.kernels = on and world_size() == 1 and decoder.supports(self.layers)
+        if self.kernels:  # on a Mac, first use: time each kernel against MLX's op (cached)
+            tune(self.layers, self.body.embed_tokens if self.tied else self.lm.lm_head)
         return self
 
     @property

@@ -26,7 +26,7 @@ RUNNERS = ["emulator", pytest.param("metal", marks=pytest.mark.skipif(not metal_
 #: Error allowed relative to sum_k |x| |w|: the rounding of one output in the dtype, and then some.
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
 
-ROW_SWEEP = [(m, mx.float16, 4, 64, 320, 21) for m in range(1, 17)]  # K: 1.25 chunks; N: 2 tiles + 5
+ROW_SWEEP = [(m, mx.float16, 4, 64, 320, 37) for m in range(1, 17)]  # K: 1.25 chunks; N: 2 tiles + 5
 FORMATS = [
     (3, dtype, bits, gs, 384, 13)
     for dtype, bits, gs in itertools.product((mx.float16, mx.bfloat16, mx.float32), (4, 8), (32, 64, 128))
@@ -96,6 +96,8 @@ MUTANTS = {
     "no barrier before restaging": broken(BARRIER, "", 2),
     "group of the chunk, not the lane": broken("scales[n * KG + k / GS]", "scales[n * KG + k0 / GS]"),
     "row stride N - 1": broken("y[m * N + n]", "y[m * (N - 1) + n]"),
+    "a lane's second float4 read as its first": broken("xs[m][2 * lane + 1], hi", "xs[m][2 * lane], hi"),
+    "staged float4 one value off": broken("float(x[at + 3])", "float(x[at + 2])"),
 }
 
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .choice import kernel_wins, qmm_key
 from .launch import KernelSource, Launch, metal_ready, run_metal
 
 MAX_ROWS = 16
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 FLOAT_TYPES = (mx.float16, mx.bfloat16, mx.float32)
-COLUMNS_PER_THREADGROUP = 8  # SGS * COLS in the kernel
-THREADS_PER_THREADGROUP = 64  # SGS * SIMD
+COLUMNS_PER_THREADGROUP = 16  # SGS * COLS in the kernel: x is staged once for 16 columns
+THREADS_PER_THREADGROUP = 128  # SGS * SIMD
 
 VERIFY_QMM = KernelSource.from_file("verify_qmm", ("x", "w", "scales", "biases"), ("y",))
 
@@ -50,21 +51,16 @@ def result_dtype(x: mx.array, scales: mx.array) -> mx.Dtype:
     return (mx.zeros((), x.dtype) + mx.zeros((), scales.dtype)).dtype
 
 
-def row_bound(rows: int) -> int:
-    """The kernel's compile-time row count: the next power of two (few instantiations)."""
-    return 1 << max(0, rows - 1).bit_length()
-
-
 def verify_qmm_launch(
     x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
 ) -> Launch:
     """The `mx.fast.metal_kernel` call for x (M, K) @ dequantize(w).T -> (M, N)."""
-    rows, n = x.shape[0], w.shape[0]
+    rows, n = x.shape[0], w.shape[0]  # rows is the kernel's compile-time row count: no padding
     tiles = -(-n // COLUMNS_PER_THREADGROUP)
     dtype = result_dtype(x, scales)
     return Launch(
         inputs=[x, w, scales, biases],
-        template=[("T", dtype), ("BITS", bits), ("GS", group_size), ("MB", row_bound(rows))],
+        template=[("T", dtype), ("BITS", bits), ("GS", group_size), ("MB", rows)],
         grid=(tiles * THREADS_PER_THREADGROUP, 1, 1),
         threadgroup=(THREADS_PER_THREADGROUP, 1, 1),
         output_shapes=[(rows, n)],
@@ -90,11 +86,13 @@ def verify_qmm(
 ) -> mx.array:
     """x (..., K) with at most 16 rows in all, times the affine-quantized w (N, K * bits / 32)
     transposed: (..., N), the same as `mx.quantized_matmul(x, w, scales, biases)` within
-    the dtype's rounding. The Metal kernel runs when `use_kernel` (default: on a Metal GPU);
-    otherwise `mx.quantized_matmul` does."""
+    the dtype's rounding. The Metal kernel runs when `use_kernel` (default: on a Metal GPU
+    where it won the timing for this shape and row count, choice.py); otherwise
+    `mx.quantized_matmul` does."""
     check_args(x, w, scales, biases, group_size, bits)
     if use_kernel is None:
-        use_kernel = metal_ready()
+        key = qmm_key(w.shape[0], x.shape[-1], bits, group_size, scales.dtype, x.size // x.shape[-1])
+        use_kernel = metal_ready() and kernel_wins(key)
     if not use_kernel:
         return verify_qmm_reference(x, w, scales, biases, group_size, bits)
     lead = x.shape[:-1]

@@ -15,6 +15,7 @@ from typing import Optional
 
 import mlx.core as mx
 
+from .choice import kernel_wins, replay_key
 from .launch import KernelSource, Launch, metal_ready, run_metal
 
 MAX_TOKENS = 16  # tokens per launch (staged in threadgroup memory); longer tapes take several
@@ -81,11 +82,14 @@ def gated_delta_replay(
     """The recurrent state (B, Hv, Dv, Dk) after replaying the gated delta rule from `state`
     over k (B, T, Hk, Dk) and v (B, T, Hv, Dv) (after conv and norm, as the layer feeds its
     recurrence), with decays g and write strengths beta (B, T, Hv). The Metal kernel runs
-    when `use_kernel` (default: on a Metal GPU, for key sizes it takes); otherwise the
-    MLX-ops reference does. T = 0 returns `state`."""
+    when `use_kernel` (default: on a Metal GPU, for key sizes it takes, where it won the
+    timing for this shape and T, choice.py); otherwise the MLX-ops reference does.
+    T = 0 returns `state`."""
     check_args(state, k, v, g, beta)
     if use_kernel is None:
-        use_kernel = metal_ready() and kernel_takes(k)
+        hk, dk, (hv, dv) = k.shape[2], k.shape[3], v.shape[2:]
+        key = replay_key(hk, hv, dv, dk, k.dtype, k.shape[1])
+        use_kernel = metal_ready() and kernel_takes(k) and kernel_wins(key)
     if not use_kernel:
         return gated_delta_replay_reference(state, k, v, g, beta)
     if not kernel_takes(k):
