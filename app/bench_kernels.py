@@ -12,27 +12,15 @@ the verify kernel's column is empty and the replay is not measured.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable, Optional, Sequence
+
+from dflash_mlx.kernels.choice import seconds as _seconds
 
 ROWS = range(1, 17)
 PREFIX = 64  # tokens in the cache before each timed verify
 REPEATS = 5
 REPLAY_BLOCK = 16  # the verify a timed rollback undoes
 REPLAY_KEEP = (1, 4, 8, 15)  # tokens it keeps
-
-
-def _seconds(step: Callable[[], None], repeats: int = REPEATS) -> float:
-    """Median wall time of `step` (which evaluates what it computes), after two warm-ups."""
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - tic)
-    return statistics.median(times)
 
 
 def _quantized_target(model_path: Optional[str]):
@@ -168,6 +156,7 @@ def run_kernel_bench(
         )
     replay, replay_note = replay_times(model, repeats)
     return {
+        "choice": targets[True].kernel_choice,
         "model": str(model_path or default_model_path()),
         "quantization": note,
         "metal": metal,
@@ -208,7 +197,19 @@ def kernel_table(report: dict) -> str:
             f"| {r['m']} | {r['quantized_matmul_us']:.0f} | {kernel} | {gain} | {r['verify_ms_own']:.2f} "
             f"| {r['verify_ms_kernel_path']:.2f} | {r['verify_ms_own'] / r['verify_ms_kernel_path']:.2f}x |"
         )
-    return "\n".join(lines + _replay_lines(report))
+    return "\n".join(lines + _replay_lines(report) + choice_lines(report.get("choice") or {}))
+
+
+def choice_lines(timings: dict[str, dict]) -> list[str]:
+    """The kernel-or-MLX choice for this model on this machine (kernels/choice.py), as a table."""
+    head = "Kernel or MLX, per shape and rows (timed on first use, cached per chip, MLX version and model)"
+    if not timings:
+        return ["", f"{head}: nothing to choose here (no Metal GPU: MLX's own ops run)."]
+    lines = ["", head + ":", "", "| shape, rows | kernel us | MLX us | runs |", "|---|---:|---:|---|"]
+    for key, t in timings.items():
+        runs = "kernel" if t["kernel"] else "MLX"
+        lines.append(f"| {key} | {1e6 * t['kernel_s']:.0f} | {1e6 * t['mlx_s']:.0f} | {runs} |")
+    return lines
 
 
 def _replay_lines(report: dict) -> list[str]:

@@ -31,6 +31,7 @@ class Target:
     concatenated outputs of `capture_layers` (HF `hidden_states[i + 1]` for each i)."""
 
     kernels = False  # verify projections through the custom kernel: see `use_kernels`
+    kernel_choice: dict[str, dict] = {}  # kernel or MLX per shape and rows, as timed here (never mutated)
 
     def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
         self.model = model
@@ -57,9 +58,14 @@ class Target:
         models it does not know, run the model's own modules (so do sharded ones, whose
         layers all-reduce inside). Returns self."""
         self.kernels = on and world_size() == 1 and decoder.supports(self.layers)
-        if self.kernels:  # on a Mac, first use: time each kernel against MLX's op (cached)
-            tune(self.layers, self.body.embed_tokens if self.tied else self.lm.lm_head)
+        self.tune_kernels()
         return self
+
+    def tune_kernels(self) -> None:
+        """With kernels on, on a Mac: time each kernel against MLX's op for this model's
+        shapes (once per chip, MLX version and model; kernels/choice.py) and keep the faster."""
+        if self.kernels:
+            self.kernel_choice = tune(self.layers, self.body.embed_tokens if self.tied else self.lm.lm_head)
 
     @property
     def num_layers(self) -> int:

@@ -42,16 +42,21 @@ class Step:
 Timer = Callable[[Step], float]
 
 
-def median_seconds(step: Step, repeats: int = REPEATS) -> float:
-    """Median wall time of `step.run()` over `repeats` runs, after two warm-ups."""
+def seconds(run: Callable[[], None], repeats: int = REPEATS) -> float:
+    """Median wall time of `run()` (which evaluates what it computes) after two warm-ups."""
     for _ in range(2):
-        step.run()
+        run()
     times = []
     for _ in range(repeats):
         tic = time.perf_counter()
-        step.run()
+        run()
         times.append(time.perf_counter() - tic)
     return statistics.median(times)
+
+
+def median_seconds(step: Step) -> float:
+    """The default timer: `seconds(step.run)`."""
+    return seconds(step.run)
 
 
 def qmm_key(n: int, k: int, bits: int, group_size: int, dtype: mx.Dtype, rows: int) -> str:

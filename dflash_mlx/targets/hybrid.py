@@ -17,7 +17,6 @@ from mlx_lm.models.base import create_ssm_mask
 
 from ..distributed import world_size
 from ..kernels import tape
-from ..kernels.tune import tune
 from ..rollback import Checkpoint
 from ..target import Target
 
@@ -31,8 +30,7 @@ class HybridTarget(Target):
         is one kernels/tape.py knows) and quantized projections go through `verify_qmm`
         (in one process: a sharded layer all-reduces inside its own call)."""
         self.kernels = on and world_size() == 1 and tape.any_supported(self.layers)
-        if self.kernels:  # on a Mac, first use: time each kernel against MLX's op (cached)
-            tune(self.layers, self.body.embed_tokens if self.tied else self.lm.lm_head)
+        self.tune_kernels()
         return self
 
     def layer_forward(
