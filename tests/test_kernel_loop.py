@@ -1,8 +1,9 @@
 """The decoding loop with the verify kernels on: still lossless.
 
-Metal cannot run here, so `kernels=True` runs the explicit verify forward
-(dflash_mlx/kernels/decoder.py) with `verify_qmm`'s exact fallback: the code path the
-loop takes on a Mac, minus the kernel itself (tested in test_kernels.py). Tiny random
+Off a Mac, `kernels=True` runs the explicit verify forward (dflash_mlx/kernels/decoder.py)
+with `verify_qmm`'s exact fallback: the code path the loop takes on a Mac, minus the
+kernel itself (tested in test_kernels.py). On a Mac the greedy loop runs the real Metal
+kernel and is held to the same token identity. Tiny random
 quantized targets built with mlx-lm's own classes, float32; reference: mlx-lm's greedy.
 """
 
@@ -104,20 +105,32 @@ def dflash_greedy(model, drafter, stats=None, **kw) -> list[int]:
             return out[:MAX_TOKENS]
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Counts the projections that went to verify_qmm (our own function, not the model), and
-    runs them on its exact fallback, so the checks here are bit-exact on a Mac too (the
-    kernel itself is checked in test_kernels.py)."""
+def _counted(monkeypatch, use_kernel: bool) -> list:
+    """The shapes of the projections that go to verify_qmm (our own function, not the
+    model's), each run with `use_kernel`."""
     calls = []
     real = decoder.verify_qmm
 
     def counting(x, *args, **kwargs):
         calls.append(x.shape)
-        return real(x, *args, use_kernel=False)
+        return real(x, *args, use_kernel=use_kernel)
 
     monkeypatch.setattr(decoder, "verify_qmm", counting)
     return calls
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """verify_qmm's calls, run on its exact fallback: bit-exact checks, a Mac included (the
+    kernel itself is checked in test_kernels.py)."""
+    return _counted(monkeypatch, use_kernel=False)
+
+
+@pytest.fixture
+def metal_calls(monkeypatch):
+    """verify_qmm's calls, run on the real Metal kernel where Metal is present (whatever
+    the timing chose) and on the fallback elsewhere: the loop as a Mac runs it."""
+    return _counted(monkeypatch, use_kernel=metal_ready())
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
@@ -139,12 +152,12 @@ def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_greedy_with_kernels_is_token_identical(model_type, kernel_calls):
+def test_greedy_with_kernels_is_token_identical(model_type, metal_calls):
     model = tiny_target(model_type)
     reference = mlx_lm_greedy(model)
     assert len(set(reference)) > MAX_TOKENS // 2, reference  # a varied text, not one token repeated
     assert dflash_greedy(model, tiny_drafter(), kernels=True) == reference  # random drafter: rejections
-    assert kernel_calls, "the verify never went through verify_qmm"
+    assert metal_calls, "the verify never went through verify_qmm"
     stats = GenerationStats()
     assert dflash_greedy(model, TruthDrafter(reference), stats, kernels=True) == reference
     assert set(stats.accepted_lengths[:-1]) == {5}  # the last block runs past the reference
