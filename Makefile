@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install -q
 RUNTIME := $(VENV)/.runtime
 DEV := $(VENV)/.dev
 
-.PHONY: chat test test-fast lint bench install clean
+.PHONY: chat test test-fast lint bench mac-check install clean
 
 # OpenBLAS makes MLX's CPU backend ~25x faster on Linux (see dflash_mlx/blas.py); best effort.
 $(RUNTIME): pyproject.toml Makefile
@@ -48,6 +48,11 @@ lint: $(DEV)
 
 bench: $(RUNTIME)
 	$(VENV)/bin/dflash bench
+
+# On a Mac: the Metal kernel tests on the GPU, the lossless, chi-square, bfloat16 and
+# 4-/8-bit suites, and `dflash bench --kernels`, all in one report (tests/mac_check.py).
+mac-check: $(DEV)
+	$(PY) tests/mac_check.py mac-check.json
 
 clean:
 	rm -rf $(VENV)
