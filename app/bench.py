@@ -315,7 +315,7 @@ def _methods(
     drafter = drafters[0]
 
     def plain(prompt):
-        stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)
+        stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **options.kv_args)
         chunks, seconds, *_ = _clock(stream, lambda r: [r.token])
         return chunks, seconds, 0, 0
 

@@ -2,6 +2,7 @@
 
     dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
                 [--top-k K] [--block-size B] [--tree-budget N] [--max-tokens N] [--system TEXT] [--no-draft]
+                [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N]
 
 All model work happens on the engine's worker thread (`engine.py`); the widgets are in
 `widgets.py`, the conversation's data in `session.py` and the look in `chat.tcss`. This
@@ -330,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", default=None, help="draft vocabulary file, or 'none' (default: the drafter's own)")
     p.add_argument("--no-draft", action="store_true", help="start in baseline mode (target only; /baseline toggles)")
     p.add_argument("--no-kernels", action="store_true", help="no custom Metal kernels (default: used on Apple GPUs)")
+    p.add_argument("--kv-bits", type=int, default=d.kv_bits, help="quantize the target's KV cache (default: off)")
+    p.add_argument("--kv-group-size", type=int, default=d.kv_group_size, help="KV cache quantization group size")
+    p.add_argument("--quantized-kv-start", type=int, default=d.quantized_kv_start, help="tokens before quantizing")
     return p
 
 
@@ -340,7 +344,15 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
     kernels = False if args.no_kernels else None
     options = DecodeOptions(
-        args.temp, args.top_p, args.top_k, block_size=args.block_size, kernels=kernels, tree_budget=args.tree_budget
+        args.temp,
+        args.top_p,
+        args.top_k,
+        block_size=args.block_size,
+        kernels=kernels,
+        tree_budget=args.tree_budget,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
     )
     settings = Settings(options, max_tokens=args.max_tokens, baseline=args.no_draft)
     return ChatApp(

@@ -28,6 +28,20 @@ TREE_HELP = "Draft-tree nodes per cycle (plain attention targets; 0 or default: 
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
 SHARDING_HELP = "Under mlx.launch: shard the target by mlx-lm's tensor or pipeline parallelism (default: auto)."
 
+
+def kv_options() -> tuple:
+    """--kv-bits, --kv-group-size, --quantized-kv-start (mlx-lm's flags), for a command's signature."""
+    return (
+        typer.Option(DEFAULTS.kv_bits, "--kv-bits", help="Quantize the target's KV cache to 2-8 bits (default: off)."),
+        typer.Option(DEFAULTS.kv_group_size, "--kv-group-size", help="Group size of the KV cache quantization."),
+        typer.Option(
+            DEFAULTS.quantized_kv_start, "--quantized-kv-start", help="Tokens cached before the KV cache is quantized."
+        ),
+    )
+
+
+KV_BITS, KV_GROUP, KV_START = kv_options()
+
 # Plain (click-style) help, not typer's Rich panels: typer >= 0.29 prints a value type after
 # every flag there (`--force <bool>`, even `--help <bool>`), and the plain formatter rewraps
 # docstring paragraphs to the terminal instead of keeping their source line breaks.
@@ -98,6 +112,9 @@ def generate(
     check_ranks: bool = typer.Option(
         False, "--check-ranks", help="Under mlx.launch: check after every token that all ranks agree (debug)."
     ),
+    kv_bits: Optional[int] = KV_BITS,
+    kv_group_size: int = KV_GROUP,
+    quantized_kv_start: int = KV_START,
 ) -> None:
     """Generate text with DFlash speculative decoding and print the stats (rank 0 only under mlx.launch)."""
     from dflash_mlx import load, load_draft, stream_generate
@@ -107,8 +124,9 @@ def generate(
 
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+    kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
     options = DecodeOptions(
-        temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True, tree_budget=tree_budget
+        temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True, tree_budget=tree_budget, **kv
     )
     target, tokenizer = load(model, sharding=choose_sharding(sharding))
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
@@ -177,6 +195,9 @@ def bench(
         "second runs ours without the custom kernels (default: used on Apple GPUs).",
     ),
     sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP + " No z-lab loop then."),
+    kv_bits: Optional[int] = KV_BITS,
+    kv_group_size: int = KV_GROUP,
+    quantized_kv_start: int = KV_START,
 ) -> None:
     """Plain mlx-lm vs DFlash (vs z-lab's loop) on the same prompts, side by side."""
     from rich.console import Console
@@ -221,7 +242,13 @@ def bench(
         if json_out:
             write_json(report, json_out)
         return
-    options = DecodeOptions(block_size=block_size, kernels=kernels)
+    options = DecodeOptions(
+        block_size=block_size,
+        kernels=kernels,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
+    )
     texts, kinds = read_prompts(prompts) if prompts else (None, None)
     with console.status("benchmarking") as status:
         report = run_bench(
@@ -322,12 +349,22 @@ def serve(
     no_kernels: bool = typer.Option(
         False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
     ),
+    kv_bits: Optional[int] = KV_BITS,
+    kv_group_size: int = KV_GROUP,
+    quantized_kv_start: int = KV_START,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
     from .serve_worker import Worker
     from .server import run_server
 
-    options = DecodeOptions(block_size=block_size, kernels=_kernels(no_kernels), tree_budget=tree_budget)
+    options = DecodeOptions(
+        block_size=block_size,
+        kernels=_kernels(no_kernels),
+        tree_budget=tree_budget,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
+    )
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     worker = Worker(

@@ -1,4 +1,13 @@
-"""The conversation state one generation hands to the next: `PromptCache`."""
+"""The conversation state one generation hands to the next: `PromptCache`.
+
+With `kv_bits` the target's KV cache is quantized by mlx-lm's own rule
+(`maybe_quantize_kv_cache`: each layer's cache once it holds `quantized_kv_start`
+tokens), applied after every forward, as mlx-lm applies it after every step. mlx-lm
+decodes one token a step, so a token at position p attends to a quantized cache iff
+p >= start; `kv_room` caps the cycle that would cross the start so that ours do too, and
+greedy output stays mlx-lm's with the same quantized cache (rollback trims a
+`QuantizedKVCache` as it does a `KVCache`).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +15,13 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.generate import maybe_quantize_kv_cache
+from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, trim_prompt_cache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from .adaptive import BlockSizePolicy
 from .drafter import Drafter
+from .options import DecodeOptions
 from .rollback import Mark, rewind
 
 
@@ -31,7 +42,37 @@ class PromptCache:
         self.pending: list[mx.array] = []  # features (1, n, k * hidden) not yet in the drafter's context
         self.policy: Optional[BlockSizePolicy] = None
         self.mark: Optional[Mark] = None  # the target cache at the end of the last prompt
+        self.kv: Optional[tuple[int, int, int]] = None  # (bits, group size, start) of the KV quantization
         self.use_drafter(draft_model)
+
+    def quantize_with(self, options: DecodeOptions) -> None:
+        """Quantize the target's KV cache as `options` say (kv_bits None: not at all).
+        A ValueError (one line) for a target with sliding-window layers (mlx-lm cannot
+        quantize those) or a cache already quantized otherwise."""
+        if options.kv_bits is None:
+            self.kv = None
+            return
+        if any(isinstance(c, RotatingKVCache) for c in self.target):
+            raise ValueError("kv_bits needs a target without sliding-window layers (mlx-lm cannot quantize them)")
+        for c in self.target:
+            if isinstance(c, QuantizedKVCache) and (c.bits, c.group_size) != (options.kv_bits, options.kv_group_size):
+                raise ValueError(f"the prompt cache is quantized to {c.bits} bits in groups of {c.group_size}")
+        self.kv = (options.kv_bits, options.kv_group_size, options.quantized_kv_start)
+
+    def quantize(self) -> None:
+        """After a forward: quantize every layer's cache that has reached the start."""
+        if self.kv is not None:
+            bits, group_size, start = self.kv
+            maybe_quantize_kv_cache(self.target, start, group_size, bits)
+
+    def kv_room(self) -> Optional[int]:
+        """How many tokens the next forward may take while the KV cache stays in full
+        precision (at least 1), or None when that does not matter (no quantization, or
+        done)."""
+        if self.kv is None:
+            return None
+        offsets = [c.offset for c in self.target if hasattr(c, "to_quantized")]
+        return max(1, self.kv[2] - offsets[0]) if offsets else None
 
     def use_drafter(self, draft_model: Optional[Drafter]) -> None:
         if draft_model is not None and draft_model is not self.drafter:

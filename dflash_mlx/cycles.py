@@ -55,6 +55,14 @@ class Cycle:
         return self.tokens[-1] if self.ready else self.queued
 
 
+def _chunks(todo: list[int], last_apart: bool) -> list[list[int]]:
+    """The prefill's forwards: PREFILL_STEP tokens each; with `last_apart` (a quantized KV
+    cache) the last token in one of its own, as mlx-lm's prefill does, so the same tokens
+    see a quantized cache."""
+    body, tail = (todo[:-1], todo[-1:]) if last_apart else (todo, [])
+    return [body[i : i + PREFILL_STEP] for i in range(0, len(body), PREFILL_STEP)] + ([tail] if tail else [])
+
+
 class Cycles:
     """Prefill, plain steps and drafted blocks, on the state one generation shares."""
 
@@ -86,16 +94,16 @@ class Cycles:
         the drafter's context. The first token is queued, not read."""
         cache, drafter = self.cache, self.drafter
         todo = list(tokens[start:])
-        for i in range(0, len(todo), PREFILL_STEP):
-            chunk = todo[i : i + PREFILL_STEP]
+        for chunk in _chunks(todo, cache.kv is not None):
             hidden, features = self.target.forward(mx.array(chunk)[None], cache.target, capture=drafter is not None)
+            cache.quantize()
             if drafter is not None:
                 cache.flush()
                 drafter.append_context(features, cache.draft)
             cache.tokens += chunk
             mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
             if progress:
-                progress(start + i + len(chunk), len(tokens))
+                progress(len(cache.tokens), len(tokens))
         cache.remember()
         return self._queue(0, self.target.lm_head(hidden[:, -1]), len(tokens))
 
@@ -112,6 +120,7 @@ class Cycles:
             self._fed, token = after, after.queued
         position = len(self.cache.tokens) + (self._fed is not None)  # of the token this step chooses
         hidden, features = self.target.forward(token.reshape(1, 1), self.cache.target, capture=capture)
+        self.cache.quantize()
         if capture:
             self.cache.pending.append(features)
         return self._queue(1, self.target.lm_head(hidden)[0], position)
@@ -150,6 +159,7 @@ class Cycles:
         *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
         # Keep [token, accepted drafts] in the target cache; their features become context.
         checkpoint.rollback(size - accepted - 1)
+        cache.quantize()
         cache.tokens += [token] + drafted[:accepted]
         drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))
@@ -176,6 +186,7 @@ class Cycles:
         path, bonus = walk(tree, draws.choose(logits, tree.depths).tolist())
         rows = [0] + path
         keep_rows(cache.target, start, rows)
+        cache.quantize()
         cache.tokens += [tree.tokens[i] for i in rows]
         kept = mx.array(rows)
         drafter.append_context(features[:, kept], cache.draft)

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+
 from .kernels import metal_ready
 from .sampling import SamplingParams, fresh_seed
 
@@ -49,6 +51,13 @@ BLOCK: Rule = ("must be an integer >= 2 or None (adaptive)", lambda v: v is None
 TREE: Rule = ("must be an integer >= 0 or None (adaptive)", lambda v: v is None or (_integer(v) and v >= 0))
 SWITCH: Rule = ("must be true, false or None (on where it runs)", lambda v: v is None or isinstance(v, bool))
 FLAG: Rule = ("must be true or false", lambda v: isinstance(v, bool))
+TOKENS: Rule = ("must be an integer >= 0", lambda v: _integer(v) and v >= 0)
+# What `mx.quantize` accepts.
+KV_BITS: Rule = (
+    "must be 2, 3, 4, 5, 6, 8 or None (off)",
+    lambda v: v is None or (_integer(v) and v in {2, 3, 4, 5, 6, 8}),
+)
+KV_GROUP: Rule = ("must be 32, 64 or 128", lambda v: _integer(v) and v in (32, 64, 128))
 
 
 def option(default: Any, rule: Rule, doc: str) -> Any:
@@ -73,6 +82,11 @@ class DecodeOptions:
         "draft-tree nodes per cycle (targets with trees); 0: chains "
         "only; None: chosen per cycle when the block size is adaptive",
     )
+    kv_bits: Optional[int] = option(None, KV_BITS, "bits of the target's quantized KV cache (mlx-lm's); None: off")
+    kv_group_size: int = option(64, KV_GROUP, "group size of the KV cache quantization")
+    quantized_kv_start: int = option(
+        DEFAULT_QUANTIZED_KV_START, TOKENS, "tokens the target's KV cache holds before it is quantized (with kv_bits)"
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -94,6 +108,13 @@ class DecodeOptions:
         """What the loop samples and accepts with. Without a seed each call draws a fresh
         one from MLX's global generator (so `mx.random.seed` still makes runs repeatable)."""
         return SamplingParams(self.temp, self.top_p, self.top_k, fresh_seed() if self.seed is None else self.seed)
+
+    @property
+    def kv_args(self) -> dict[str, Any]:
+        """The KV cache quantization as mlx-lm's `generate_step` keywords (empty when off)."""
+        if self.kv_bits is None:
+            return {}
+        return dict(kv_bits=self.kv_bits, kv_group_size=self.kv_group_size, quantized_kv_start=self.quantized_kv_start)
 
     @property
     def use_kernels(self) -> bool:

@@ -109,6 +109,9 @@ def generate_step(
         if done.ready:  # a drafted block: its acceptance informs this choice
             clock.charge(done)
         width = sizes.next(produced)
+        room = cycles.cache.kv_room()
+        if room is not None and width.size > room:  # the cycle stops where quantization starts
+            width = Width(room)
         size = width.size
         # Queue the next plain step on the lazy token before reading it (unless the caller
         # stops here at max_tokens): the host sync then overlaps the next step's compute.
@@ -148,6 +151,7 @@ def _setup(
         )
     cache = cache if cache is not None else PromptCache(model, draft_model)
     cache.use_drafter(draft_model)
+    cache.quantize_with(options)
     trees = draft_model is not None and options.tree_budget != 0 and target.supports_trees(cache.target)
     if options.adaptive(draft_model) and not (trees and options.tree_budget):
         # trees only through a `TreePolicy` passed in: measured on a CPU, the chain policy is faster

@@ -35,6 +35,7 @@ SLOW_MODULES = {
     "test_app_real.py",
     "test_targets_sampling.py",
     "test_targets_zlab.py",
+    "test_kv_quant.py",
 }
 
 
