@@ -79,6 +79,19 @@ class PromptCache:
             self.drafter, self.draft = draft_model, draft_model.make_cache()
             self.pending, self.policy = [], None
 
+    def bound_drafter(self, options: DecodeOptions) -> None:
+        """Bound the drafter's context cache to the window and sink `options` give."""
+        if self.drafter is not None:
+            window = options.window(self.drafter)
+            for c in self.draft:
+                c.window, c.sink = window, options.draft_sink
+
+    def draft_memory(self) -> tuple[int, int]:
+        """(tokens, bytes) the drafter's context cache keeps."""
+        if not self.draft:
+            return 0, 0
+        return self.draft[0].stored, sum(c.nbytes for c in self.draft)
+
     @property
     def draft_length(self) -> int:
         """Tokens the drafter has as context (in its cache or pending)."""

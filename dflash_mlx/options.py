@@ -41,6 +41,14 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: The drafter's context window when its config has none: measured on a CPU (BENCHMARKS.md),
+#: SmolLM2's one-layer drafter drafts in 12.4 / 15.4 / 18.9 / 25.5 / 38.0 ms over 256 / 1K /
+#: 2K / 4K / 7K tokens of context; 1024 keeps a draft within 1.25x its short-context cost
+#: at any length, and released drafters were trained on shorter sequences than that.
+DRAFT_WINDOW = 1024
+#: First tokens kept beside the window (the system prompt's start: an attention sink).
+DRAFT_SINK = 8
+
 # A rule: (what the value must be, as the error says it; whether a value passes).
 Rule = tuple[str, Callable[[Any], bool]]
 NON_NEGATIVE: Rule = ("must be a number >= 0", lambda v: _number(v) and v >= 0)
@@ -56,6 +64,10 @@ TOKENS: Rule = ("must be an integer >= 0", lambda v: _integer(v) and v >= 0)
 KV_BITS: Rule = (
     "must be 2, 3, 4, 5, 6, 8 or None (off)",
     lambda v: v is None or (_integer(v) and v in {2, 3, 4, 5, 6, 8}),
+)
+WINDOW: Rule = (
+    "must be an integer >= 1, 0 (all) or None (the drafter's own)",
+    lambda v: v is None or (_integer(v) and v >= 0),
 )
 KV_GROUP: Rule = ("must be 32, 64 or 128", lambda v: _integer(v) and v in (32, 64, 128))
 
@@ -82,6 +94,13 @@ class DecodeOptions:
         "draft-tree nodes per cycle (targets with trees); 0: chains "
         "only; None: chosen per cycle when the block size is adaptive",
     )
+    draft_window: Optional[int] = option(
+        None,
+        WINDOW,
+        "latest context tokens the drafter attends to (drafts only: output stays exact); 0: all; "
+        f"None: the drafter config's sliding window, else {DRAFT_WINDOW}",
+    )
+    draft_sink: int = option(DRAFT_SINK, TOKENS, "first context tokens the drafter keeps beside its window")
     kv_bits: Optional[int] = option(None, KV_BITS, "bits of the target's quantized KV cache (mlx-lm's); None: off")
     kv_group_size: int = option(64, KV_GROUP, "group size of the KV cache quantization")
     quantized_kv_start: int = option(
@@ -108,6 +127,15 @@ class DecodeOptions:
         """What the loop samples and accepts with. Without a seed each call draws a fresh
         one from MLX's global generator (so `mx.random.seed` still makes runs repeatable)."""
         return SamplingParams(self.temp, self.top_p, self.top_k, fresh_seed() if self.seed is None else self.seed)
+
+    def window(self, drafter: Any) -> Optional[int]:
+        """The drafter's context window (None: unbounded): `draft_window`, else the config's
+        `sliding_window_size` (z-lab) or `sliding_window`, else `DRAFT_WINDOW`."""
+        if self.draft_window is not None:
+            return self.draft_window or None
+        config = drafter.config
+        own = config.sliding_window if "sliding_attention" in config.layer_types else None
+        return config.extra.get("sliding_window_size") or own or DRAFT_WINDOW
 
     @property
     def kv_args(self) -> dict[str, Any]:

@@ -119,6 +119,7 @@ def generate_step(
         if not done.ready:
             cycles.read(done)
             clock.charge(done)
+        stats.draft_cache_tokens, stats.draft_cache_bytes = cycles.cache.draft_memory()
         with clock.paused():
             yield done.tokens, done.accepted, done.logprobs
         if nxt is None and width.tree:
@@ -152,6 +153,7 @@ def _setup(
     cache = cache if cache is not None else PromptCache(model, draft_model)
     cache.use_drafter(draft_model)
     cache.quantize_with(options)
+    cache.bound_drafter(options)
     trees = draft_model is not None and options.tree_budget != 0 and target.supports_trees(cache.target)
     if options.adaptive(draft_model) and not (trees and options.tree_budget):
         # trees only through a `TreePolicy` passed in: measured on a CPU, the chain policy is faster
@@ -372,6 +374,7 @@ def format_stats(response: GenerationResponse) -> str:
         if any(s["trees"]):
             widths = ", ".join(f"{w}: {n}" for w, n in s["widths"].items())
             lines.append(f"Widths: {widths}; {s['drafted_tokens']} draft nodes verified")
+        lines.append(f"Drafter cache: {s['draft_cache_tokens']} tokens, {s['draft_cache_bytes'] / 1e6:.1f} MB")
         if s["draft_time"]:
             lines.append(f"Time: draft {s['draft_time']:.2f}s, verify {s['verify_time']:.2f}s")
     return "\n".join(lines)

@@ -44,6 +44,8 @@ class GenerationStats:
     prompt_cached: int = 0  # prompt tokens reused from a PromptCache, not prefilled
     generation_time: float = 0.0
     generated_tokens: int = 0
+    draft_cache_tokens: int = 0  # context tokens the drafter's cache keeps (its window and sink)
+    draft_cache_bytes: int = 0  # their K/V, all layers
 
     @property
     def committed(self) -> int:
@@ -113,4 +115,6 @@ class GenerationStats:
             "generation_time": self.generation_time,
             "draft_time": self.draft_time,
             "verify_time": self.verify_time,
+            "draft_cache_tokens": self.draft_cache_tokens,
+            "draft_cache_bytes": self.draft_cache_bytes,
         }

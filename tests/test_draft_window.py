@@ -1,0 +1,90 @@
+"""The drafter's context window (`draft_window`, `draft_sink`): `ContextCache` keeps the
+first tokens and the latest ones at their own positions, bounded whatever the context;
+it changes drafts, never output (greedy equals mlx-lm's with a 3-token window); and a
+drafter with sliding-window layers drafts exactly as before when the cache's window
+covers its attention window (the mask reads the kept tokens' real positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import pytest
+
+from dflash_mlx.drafter import ContextCache, Drafter
+from dflash_mlx.options import DRAFT_WINDOW, DecodeOptions, OptionError
+from dflash_mlx.speculative import GenerationStats, generate_step
+from dflash_mlx.targets import make_target
+from test_targets import MASK, drafter_config, prompt_of, reference
+from tiny_targets import HIDDEN, tiny_target
+
+
+def test_context_cache_keeps_sink_and_window():
+    full = mx.random.normal((1, 2, 20, 4))
+    c = ContextCache(window=5, sink=2)
+    for a, b in [(0, 1), (1, 9), (9, 10), (10, 20)]:
+        c.update_and_fetch(full[..., a:b, :], -full[..., a:b, :])
+    assert c.offset == 20 and c.stored == 7
+    kept = [0, 1, 15, 16, 17, 18, 19]
+    assert c.positions().tolist() == kept
+    assert mx.array_equal(c.keys, full[..., mx.array(kept), :]) and mx.array_equal(c.values, -c.keys)
+    c.trim(3)
+    assert c.offset == 17 and c.positions().tolist() == [0, 1, 15, 16]
+    c.update_and_fetch(full[..., 17:18, :], full[..., 17:18, :])
+    assert c.positions().tolist() == [0, 1, 15, 16, 17]
+    c.trim(17)
+    assert c.offset == 1 and c.positions().tolist() == [0] and c.stored == 1
+
+
+def _drafter(target, **config) -> Drafter:
+    mx.random.seed(3)
+    drafter = Drafter(replace(drafter_config(target), **config))
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def _proposals(drafter, target, window, sink, context: int = 24) -> mx.array:
+    cache = drafter.make_cache(window, sink)
+    mx.random.seed(4)
+    for n in (10, 1, 5, 8):  # context in several appends, as the loop adds it
+        drafter.append_context(mx.random.normal((1, n, 2 * HIDDEN)), cache)
+    return drafter.propose(mx.array([[1] + [MASK] * 7]), cache, target)
+
+
+def test_window_changes_drafts_but_not_a_covering_sliding_window():
+    target = make_target(tiny_target("llama"))
+    full = _drafter(target)
+    assert not mx.allclose(_proposals(full, target, 4, 1), _proposals(full, target, None, 0), atol=1e-4)
+    sliding = _drafter(target, layer_types=["sliding_attention"], sliding_window=4)
+    assert mx.allclose(_proposals(sliding, target, 6, 0), _proposals(sliding, target, None, 0), atol=1e-5)
+
+
+@pytest.mark.parametrize("window, sink", [(3, 1), (1, 0), (0, 0)])
+def test_greedy_with_a_window_is_mlx_lm_greedy(window, sink):
+    model = tiny_target("llama", scale=2.0)
+    target = make_target(model)
+    prompt, n = prompt_of(21, 2), 28
+    ref = reference(model, prompt, n)
+    tokens, stats = [], GenerationStats()
+    steps = generate_step(
+        prompt, model, _drafter(target), max_tokens=n, block_size=4, stats=stats, draft_window=window, draft_sink=sink
+    )
+    for committed, _, _ in steps:
+        tokens += committed
+        if len(tokens) >= n:
+            break
+    assert tokens[:n] == ref
+    kept = len(prompt) + n if window == 0 else window + sink
+    assert 0 < stats.draft_cache_tokens <= kept and stats.draft_cache_bytes > 0
+
+
+def test_default_window():
+    target = make_target(tiny_target("llama"))
+    assert DecodeOptions().window(_drafter(target)) == DRAFT_WINDOW
+    assert DecodeOptions(draft_window=0).window(_drafter(target)) is None
+    own = _drafter(target, layer_types=["sliding_attention"], sliding_window=64)
+    assert DecodeOptions().window(own) == 64
+    with pytest.raises(OptionError, match="draft_window"):
+        DecodeOptions(draft_window=-1)
