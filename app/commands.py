@@ -11,6 +11,9 @@ from pathlib import Path
 
 from textual.widgets import Markdown
 
+#: The largest file `/file` pastes (a long prompt, not a data set).
+MAX_FILE_BYTES = 1_000_000
+
 HELP = """\
 **Commands**
 
@@ -22,6 +25,7 @@ HELP = """\
 - `/tree N` draft trees of N nodes (`/tree 0` or `/tree auto`: chains)
 - `/baseline` toggle target-only decoding, to feel the difference
 - `/save FILE` save the transcript as Markdown
+- `/file PATH [TEXT]` send TEXT with the file's contents pasted below it (a document, code)
 - `/load [MODEL] [DRAFT]` load another model (none given: the built-in default)
 
 **Keys**: `Enter` send · `Esc` stop the reply · `Ctrl+D` colour drafted tokens · `Ctrl+Q` or `Ctrl+C` quit
@@ -112,6 +116,23 @@ class SlashCommands:
             await self.note(f"Could not save the transcript: {exc}", "error")
             return
         await self.note(f"Transcript saved to {path}.")
+
+    async def cmd_file(self, arg: str) -> None:
+        path, _, text = arg.partition(" ")
+        if not path:
+            await self.note("Usage: /file PATH [TEXT]", "error")
+            return
+        path = Path(path).expanduser()
+        try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise OSError(f"larger than {MAX_FILE_BYTES // 1000} KB")
+            contents = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            await self.note(f"Could not read {path}: {exc}", "error")
+            return
+        fence = "````" if "```" in contents else "```"
+        pasted = f"{path.name}:\n{fence}\n{contents.rstrip()}\n{fence}"
+        await self.send(f"{text.strip()}\n\n{pasted}" if text.strip() else pasted)
 
     async def cmd_load(self, arg: str) -> None:
         if self.busy:

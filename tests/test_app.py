@@ -504,3 +504,21 @@ def test_snapshot_multi_turn_coloured(snap_compare):
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
+
+
+@run_async
+async def test_file_pastes_a_file_into_the_message(tmp_path):
+    """`/file PATH TEXT` sends TEXT with the file below it; a missing file is one error line."""
+    doc = tmp_path / "notes.py"
+    doc.write_text("def add(a, b):\n    return a + b\n", encoding="utf-8")
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, f"/file {doc} What does this do?")
+        await until(pilot, lambda: app.state == "ready" and app.messages[-1]["role"] == "assistant")
+        sent = app.messages[-2]["content"]
+        assert sent == "What does this do?\n\nnotes.py:\n```\ndef add(a, b):\n    return a + b\n```"
+        await say(pilot, f"/file {tmp_path / 'missing.txt'}")
+        await until(pilot, lambda: notes(app, "error"))
+        assert "Could not read" in notes(app, "error")[-1] and len(app.messages) == 2
