@@ -13,10 +13,19 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import json
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    load_prompt_cache,
+    save_prompt_cache,
+    trim_prompt_cache,
+)
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from .adaptive import BlockSizePolicy
@@ -129,3 +138,54 @@ class PromptCache:
             self.flush()
             trim_prompt_cache(self.draft, self.draft_length - keep)
         return keep
+
+
+#: The version of prompt cache files (`save_file`): mlx-lm's safetensors layout, the
+#: target's caches then the drafter's, with these metadata keys.
+CACHE_FORMAT = "dflash-prompt-cache/1"
+
+
+def save_file(path: str, cache: PromptCache, model_id: str, draft_id: str) -> None:
+    """Write `cache` (a prefilled prefix) to `path` in mlx-lm's prompt cache format, tagged
+    with the format version and the ids of the target and drafter it belongs to. The
+    drafter's kept context goes as plain K/V; where it sits is in the metadata."""
+    cache.flush()
+    draft = []
+    for c in cache.draft or []:
+        kv = KVCache()
+        kv.keys, kv.values, kv.offset = c.keys, c.values, c.stored
+        draft.append(kv)
+    first = (cache.draft or [None])[0]
+    where = {} if first is None else dict(offset=first.offset, head=first.head, tail=first.tail)
+    metadata = dict(
+        format=CACHE_FORMAT,
+        model=model_id,
+        draft=draft_id,
+        tokens=json.dumps(cache.tokens),
+        target_layers=str(len(cache.target)),
+        draft_where=json.dumps(where),
+    )
+    save_prompt_cache(path, cache.target + draft, metadata)
+
+
+def load_file(path: str, model: nn.Module, draft_model: Optional[Drafter], model_id: str, draft_id: str) -> PromptCache:
+    """The `PromptCache` saved at `path`, after checking it is this format and belongs to
+    this target and drafter (a ValueError of one line otherwise)."""
+    try:
+        caches, metadata = load_prompt_cache(path, return_metadata=True)
+    except Exception as exc:  # mlx raises plain exceptions for a file that is not safetensors
+        raise ValueError(f"{path} is not a prompt cache file ({type(exc).__name__})") from None
+    if metadata.get("format") != CACHE_FORMAT:
+        raise ValueError(f"{path} is not a {CACHE_FORMAT} file (format {metadata.get('format')!r})")
+    for kind, want in (("model", model_id), ("draft", draft_id)):
+        if metadata.get(kind) != want:
+            raise ValueError(f"{path} was saved for {kind} {metadata.get(kind)!r}, not {want!r}")
+    cache = PromptCache(model, draft_model)
+    n = int(metadata["target_layers"])
+    cache.target, cache.tokens = caches[:n], json.loads(metadata["tokens"])
+    where = json.loads(metadata["draft_where"])
+    for c, saved in zip(cache.draft or [], caches[n:]):
+        c.keys, c.values = saved.keys, saved.values
+        c.offset, c.head, c.tail = where["offset"], where["head"], where["tail"]
+    cache.remember()
+    return cache
