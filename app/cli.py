@@ -115,6 +115,9 @@ def generate(
     kv_bits: Optional[int] = KV_BITS,
     kv_group_size: int = KV_GROUP,
     quantized_kv_start: int = KV_START,
+    prompt_cache_file: Optional[Path] = typer.Option(
+        None, "--prompt-cache-file", help="A prefix saved by cache-prompt: --prompt is appended to it, raw."
+    ),
 ) -> None:
     """Generate text with DFlash speculative decoding and print the stats (rank 0 only under mlx.launch)."""
     from dflash_mlx import load, load_draft, stream_generate
@@ -125,15 +128,21 @@ def generate(
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
+    cache = None
     options = DecodeOptions(
         temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True, tree_budget=tree_budget, **kv
     )
     target, tokenizer = load(model, sharding=choose_sharding(sharding))
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
-    if not raw and tokenizer.chat_template:
+    if prompt_cache_file is not None:  # the prefix's tokens, then the prompt's, raw
+        from dflash_mlx.cache import load_file
+
+        cache = load_file(str(prompt_cache_file), target, drafter, *_cache_ids(model, draft, no_draft))
+        prompt = cache.tokens + tokenizer.encode(prompt, add_special_tokens=False)
+    elif not raw and tokenizer.chat_template:
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
     last, leader = None, is_leader()
-    responses = stream_generate(target, tokenizer, prompt, drafter, options, max_tokens=max_tokens)
+    responses = stream_generate(target, tokenizer, prompt, drafter, options, max_tokens=max_tokens, prompt_cache=cache)
     for last in lockstep(responses, check=check_ranks):
         if leader:  # the other ranks decode the same tokens silently
             sys.stdout.write(last.text)
@@ -144,6 +153,38 @@ def generate(
     if last is not None:  # the stats go to stderr, as mlx_lm.generate's verbose output does
         print("=" * 10, file=sys.stderr)
         print(format_stats(last), file=sys.stderr)
+
+
+def _cache_ids(model: Optional[str], draft: Optional[str], no_draft: bool) -> tuple[str, str]:
+    """The target and drafter a prompt cache file is tagged with: the names given."""
+    return model or "default", "none" if no_draft else draft or "default"
+
+
+@app.command("cache-prompt")
+@one_line_errors
+def cache_prompt(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The prefix, raw text ('-': read stdin)."),
+    output: Path = typer.Option(..., "--output", "-o", help="The .safetensors file to write."),
+    model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    no_draft: bool = typer.Option(False, "--no-draft", help="Save the target's cache alone."),
+) -> None:
+    """Prefill a long prefix (system prompt, document, tools) once and save the target's
+    and drafter's caches, as mlx_lm.cache_prompt does: `generate --prompt-cache-file`."""
+    from dflash_mlx import load, load_draft
+    from dflash_mlx.cache import PromptCache, save_file
+    from dflash_mlx.speculative import generate_step
+
+    text = sys.stdin.read() if prompt == "-" else prompt
+    target, tokenizer = load(model)
+    drafter = None if no_draft else load_draft(draft, model=target)
+    tokens = tokenizer.encode(text)
+    cache = PromptCache(target, drafter)
+    for _ in generate_step(tokens + tokens[-1:], target, drafter, max_tokens=1, prompt_cache=cache):
+        break
+    cache.reuse(tokens + tokens[-1:], with_drafter=drafter is not None)  # the prefix alone
+    save_file(str(output), cache, *_cache_ids(model, draft, no_draft))
+    print(f"saved {len(cache.tokens)} tokens to {output}")
 
 
 @app.command()
