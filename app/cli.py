@@ -115,6 +115,10 @@ def generate(
     kv_bits: Optional[int] = KV_BITS,
     kv_group_size: int = KV_GROUP,
     quantized_kv_start: int = KV_START,
+    draft_window: Optional[int] = typer.Option(
+        DEFAULTS.draft_window, "--draft-window", help="Latest context tokens the drafter reads (0: all)."
+    ),
+    draft_sink: int = typer.Option(DEFAULTS.draft_sink, "--draft-sink", help="First context tokens it keeps too."),
     prompt_cache_file: Optional[Path] = typer.Option(
         None, "--prompt-cache-file", help="A prefix saved by cache-prompt: --prompt is appended to it, raw."
     ),
@@ -128,6 +132,7 @@ def generate(
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
+    kv.update(draft_window=draft_window, draft_sink=draft_sink)
     cache = None
     options = DecodeOptions(
         temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True, tree_budget=tree_budget, **kv
