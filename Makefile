@@ -35,12 +35,14 @@ install: $(RUNTIME)
 chat: $(RUNTIME)
 	$(VENV)/bin/dflash-chat
 
+# One process per core (pytest-xdist), each on one OpenBLAS thread: whole test files go to
+# each worker so module fixtures (the default model, drafters) load once per file.
 test: lint
-	$(PY) -m pytest -q
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 # The tests not marked slow (no real decoding at length, no training): ~6 minutes on 2 cores.
 test-fast: $(DEV)
-	$(PY) -m pytest -q -m "not slow"
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check .
