@@ -11,11 +11,11 @@ Parameter names follow z-lab's checkpoints exactly, so their weights load key by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterator, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .sampling import Draws
@@ -193,6 +193,37 @@ def check_fit(config: DrafterConfig, *, num_layers: int, hidden_size: int, vocab
         raise ValueError(f"drafter vocab_size {config.vocab_size} != target vocab_size {vocab_size}")
     if not 0 <= config.mask_token_id < vocab_size:
         raise ValueError(f"drafter mask_token_id {config.mask_token_id} is not in the target's vocabulary")
+
+
+#: The largest finite float16, and the factor below it a drafter's activations must stay
+#: to be computed in float16 (what one probe does not see, real prompts may reach).
+FLOAT16_MAX = 65504.0
+FLOAT16_MARGIN = 4.0
+#: What a drafter whose activations would overflow float16 is computed in instead.
+SAFE_DTYPE = "bfloat16"
+#: Tokens the dtype probe feeds the target.
+PROBE_TOKENS = 32
+
+
+def safe_compute_dtype(drafter: "Drafter", target: "Target") -> Optional[str]:
+    """The dtype policy: never compute a drafter in float16 where its activations overflow.
+    A float16 drafter next to a float16 target would compute in float16 (any other pair
+    promotes to float32); then one probe forward (a block over spread-out token ids, in
+    float32) measures its activations, and past FLOAT16_MAX / FLOAT16_MARGIN the drafter is
+    cast to SAFE_DTYPE. Returns the one line saying so, or None when nothing changed.
+    `target` must capture the drafter's target_layer_ids."""
+    cfg = drafter.config
+    tokens = mx.arange(PROBE_TOKENS)[None] * (target.vocab_size // PROBE_TOKENS)  # (1, PROBE_TOKENS)
+    block = mx.array([[int(tokens[0, -1])] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # (1, B)
+    embeddings = target.embed(block)
+    if drafter.norm.weight.dtype != mx.float16 or embeddings.dtype != mx.float16:
+        return None
+    _, features = target.forward(tokens, make_prompt_cache(target.model))
+    peak = drafter.activation_peak(features, embeddings * cfg.input_embedding_scale)
+    if peak <= FLOAT16_MAX / FLOAT16_MARGIN:
+        return None
+    drafter.set_dtype(getattr(mx, SAFE_DTYPE))
+    return f"drafter activations reach {peak:.3g}, near float16's limit {FLOAT16_MAX:g}: computing it in {SAFE_DTYPE}"
 
 
 class Attention(nn.Module):
@@ -427,10 +458,13 @@ class Drafter(nn.Module):
     def __call__(self, block_embeddings: mx.array, cache: Sequence[KVCache]) -> mx.array:
         """block_embeddings: (1, B, hidden), the target's embedding of [last token, MASK...].
         Returns normed hidden states (1, B, hidden); position k predicts the token at k."""
+        *_, h = (block_embeddings, *self._layer_outputs(block_embeddings, cache))
+        return self.norm(h)
+
+    def _masks(self, start: int, length: int, keys: Optional[mx.array]) -> dict[str, Optional[mx.array]]:
+        """The attention mask of each layer kind for a block at positions start.. (length of them),
+        over cached keys at positions `keys` (stored,) (None: 0..start - 1, nothing dropped)."""
         cfg = self.config
-        start, length = cache[0].offset, block_embeddings.shape[1]
-        windowed = isinstance(cache[0], ContextCache) and cache[0].stored < start
-        keys = cache[0].positions() if windowed else None  # (stored,): the same in every layer
         masks: dict[str, Optional[mx.array]] = {"full_attention": None}
         if cfg.is_causal:
             # As in z-lab's code (torch and MLX): a config's is_causal applies to every
@@ -439,9 +473,28 @@ class Drafter(nn.Module):
         if "sliding_attention" in cfg.layer_types:
             causal = True if cfg.is_causal is None else cfg.is_causal
             masks["sliding_attention"] = sliding_window_mask(start, length, cfg.sliding_window, causal, keys)
-        h = block_embeddings
-        for layer, kind, c in zip(self.layers, cfg.layer_types, cache):
+        return masks
+
+    def _layer_outputs(self, h: mx.array, cache: Sequence[KVCache]) -> Iterator[mx.array]:
+        """The residual stream (1, B, hidden) after each layer, fed block embeddings h (1, B, hidden)."""
+        start = cache[0].offset
+        windowed = isinstance(cache[0], ContextCache) and cache[0].stored < start
+        keys = cache[0].positions() if windowed else None  # (stored,): the same in every layer
+        masks = self._masks(start, h.shape[1], keys)
+        for layer, kind, c in zip(self.layers, self.config.layer_types, cache):
             n = c.stored if isinstance(c, ContextCache) else c.offset
             context = (c.keys[..., :n, :], c.values[..., :n, :])
             h = layer(h, context, start, masks.get(kind))
-        return self.norm(h)
+            yield h
+
+    def activation_peak(self, features: mx.array, block_embeddings: mx.array) -> float:
+        """The largest |activation| this drafter reaches, computed in float32 whatever its
+        weights' dtype: over the projected context fc(features) (before its norm) and the
+        residual stream after every layer, for context features (1, n, len(ids) * hidden) and
+        a block's embeddings (1, B, hidden). A fresh cache: nothing of a live one is touched."""
+        features, block_embeddings = features.astype(mx.float32), block_embeddings.astype(mx.float32)
+        cache = self.make_cache()
+        self.append_context(features, cache)
+        states = [self.fc(features), *self._layer_outputs(block_embeddings, cache)]
+        peaks = [mx.abs(x).max() for x in states]
+        return float(mx.max(mx.stack(peaks)).item())

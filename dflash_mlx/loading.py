@@ -3,11 +3,13 @@
 Both resolve their reference (local directory or Hub repo id) through `hub.resolve_source`
 and, with no reference, use the defaults in `defaults.py`. A drafter's config is checked
 by the same rules as `dflash convert` (`config.parse_config`) before its weights are read;
-whether it fits a target is `drafter.check_fit`'s question, asked when a target is given.
+whether it fits a target is `drafter.check_fit`'s question, asked when a target is given,
+and so is the dtype it computes in (`drafter.safe_compute_dtype`: never an overflowing float16).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,7 +22,7 @@ from .distributed import choose_sharding, here, sharded_load
 from .errors import UserError, one_line
 from .defaults import default_model_path, shipped_drafter_dir
 from .draft_vocab import load_draft_vocab
-from .drafter import Drafter, check_fit
+from .drafter import Drafter, check_fit, safe_compute_dtype
 from .drafters import load_drafter_dir, read_config
 from .hub import SAFETENSORS_PATTERNS, resolve_source
 from .targets import make_target
@@ -61,7 +63,9 @@ def load_draft(
     directory, or a Hub repo id. With no path, the drafter shipped for the default model.
     With `model`, also check that the drafter fits that target (one-line ValueError).
     `draft_vocab`: None uses the drafter's own draft_vocab.json if it has one, "none"
-    drafts over the whole vocabulary, a path uses that file (see `draft_vocab.py`)."""
+    drafts over the whole vocabulary, a path uses that file (see `draft_vocab.py`).
+    A float16 drafter for a float16 target whose activations would overflow float16 is
+    cast to bfloat16, with one line on stderr (`drafter.safe_compute_dtype`)."""
     if path_or_repo is None:
         path = DEFAULT_DRAFT_DIR
         if not path.is_dir():
@@ -74,8 +78,11 @@ def load_draft(
         ids = None if draft_vocab == "none" else load_draft_vocab(draft_vocab, drafter.config.vocab_size)
         drafter.use_draft_vocab(ids)
     if model is not None:
-        target = make_target(model)
+        target = make_target(model, drafter.config.target_layer_ids)
         check_fit(
             drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
         )
+        note = safe_compute_dtype(drafter, target)
+        if note:
+            print(note, file=sys.stderr)
     return drafter
