@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install -q
 RUNTIME := $(VENV)/.runtime
 DEV := $(VENV)/.dev
 
-.PHONY: chat test test-fast lint bench mac-check install clean
+.PHONY: chat test test-all test-fast lint bench mac-check install clean
 
 # OpenBLAS makes MLX's CPU backend ~25x faster on Linux (see dflash_mlx/blas.py); best effort.
 $(RUNTIME): pyproject.toml Makefile
@@ -38,6 +38,10 @@ chat: $(RUNTIME)
 # One process per core (pytest-xdist), each on one OpenBLAS thread: whole test files go to
 # each worker so module fixtures (the default model, drafters) load once per file.
 test: lint
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not heavy"
+
+# Everything, the heavy tests too (mlx.launch ranks, bfloat16 and quantized targets).
+test-all: lint
 	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 # The tests not marked slow (no real decoding at length, no training): ~6 minutes on 2 cores.

@@ -44,8 +44,8 @@ def variants(line: str) -> tuple[list[str], list[str]]:
 
 
 def readme_line(prefix: str) -> list[str]:
-    """The words, optional groups left out, of the one README command starting with `prefix`."""
-    [line] = [line for line in readme_commands() if line.startswith(prefix + " ")]
+    """The words, optional groups left out, of the first README command starting with `prefix`."""
+    line = next(line for line in readme_commands() if line.startswith(prefix + " "))
     return variants(line)[0]
 
 
