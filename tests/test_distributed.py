@@ -127,25 +127,13 @@ def tiny_target_dir(family: str, tokenizer_dir: Path, tmp_path: Path) -> Path:
 
 def tiny_pair(family: str, tokenizer_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     """A tiny random 4-layer `family` target and a random drafter reading its first and last layers."""
-    from dflash_mlx.drafter import Drafter, DrafterConfig
+    from dflash_mlx.drafter import Drafter
     from dflash_mlx.drafters import save_drafter
-    from tiny_targets import HIDDEN
+    from tiny_targets import tiny_drafter_config
 
     path = tiny_target_dir(family, tokenizer_dir, tmp_path)
     mx.random.seed(1)
-    config = DrafterConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        num_target_layers=4,
-        target_layer_ids=[0, 3],
-        mask_token_id=4,
-        block_size=4,
-    )
+    config = tiny_drafter_config(4, 4, VOCAB)
     save_drafter(Drafter(config), tmp_path / "draft")
     return path, tmp_path / "draft"
 

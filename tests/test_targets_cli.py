@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.drafter import Drafter
 from dflash_mlx.drafters import save_drafter
 from dflash_mlx.targets import make_target
-from tiny_targets import HIDDEN, save_tiny_target
+from tiny_targets import save_tiny_target, tiny_drafter_config
 
 VOCAB = 49152  # the default model's tokenizer
 
@@ -28,21 +28,7 @@ def test_generate_cli(default_model_dir, tmp_path, family):
     n = make_target(model).num_layers
     mx.random.seed(1)
     save_drafter(
-        Drafter(
-            DrafterConfig(
-                hidden_size=HIDDEN,
-                num_hidden_layers=1,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=16,
-                intermediate_size=64,
-                vocab_size=VOCAB,
-                num_target_layers=n,
-                target_layer_ids=[0, n - 1],
-                mask_token_id=4,
-                block_size=8,
-            )
-        ),
+        Drafter(tiny_drafter_config(n, 8, VOCAB)),
         tmp_path / "draft",
     )
     result = CliRunner().invoke(

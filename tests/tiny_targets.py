@@ -158,3 +158,23 @@ def save_tiny_target(family: str, path, tokenizer_dir, vocab_size: int, seed: in
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tokenizer_dir) / name, path / name)
     return path
+
+
+def tiny_drafter_config(num_target_layers: int, block_size: int, vocab_size: int = VOCAB):
+    """A one-layer drafter that fits a tiny target (4 heads of 16, 2 KV heads, MLP 64),
+    reading its first and last layers, mask token 4."""
+    from dflash_mlx.drafter import DrafterConfig
+
+    return DrafterConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=vocab_size,
+        num_target_layers=num_target_layers,
+        target_layer_ids=[0, num_target_layers - 1],
+        mask_token_id=4,
+        block_size=block_size,
+    )
