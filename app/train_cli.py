@@ -182,6 +182,13 @@ TRAIN_OPTIONS = [
     ("epochs", float, 1.0, ["--epochs"], None),
     ("max_steps", Optional[int], None, ["--max-steps"], None),
     ("time_limit", Optional[float], None, ["--time-limit"], "Stop after this many seconds."),
+    (
+        "core_hours",
+        Optional[float],
+        None,
+        ["--core-hours"],
+        "Stop after this much CPU time of training (all threads, summed over --resume); the schedule follows it.",
+    ),
     ("lr", float, 0.0006, ["--lr"], None),
     ("warmup", float, 0.04, ["--warmup"], "Warmup fraction of the steps."),
     ("weight_decay", float, 0.01, ["--weight-decay"], None),

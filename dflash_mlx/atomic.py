@@ -4,6 +4,7 @@ Converting a drafter, exporting one, importing a GGUF model and saving a trainin
 checkpoint all write a directory of several files that is only useful complete. They
 build it in a hidden temporary sibling and rename it into place at the end, so a failure
 or an interrupt leaves the old directory (or nothing) behind, never half of a new one.
+Single files (held-out answers kept for evaluation) are renamed into place the same way.
 Files that several processes append to (the training feature cache) or build once (the
 imported default model) are written under an exclusive lock.
 """
@@ -18,7 +19,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_directory", "exclusive_lock"]
+__all__ = ["atomic_directory", "exclusive_lock", "write_text_atomic"]
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a file whole or not at all: a hidden sibling, renamed over `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

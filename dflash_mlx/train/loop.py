@@ -36,15 +36,24 @@ from .threads import ThreadControl
 from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
 from .checkpoint import TrainArgs, TrainState, save_checkpoint
 from .progress import Meter, StepBar, count_bar
+from .replay import Reference, references, replay_tau
 from .objective import Batch, block_acceptance, loss_fn, loss_weights, make_batch
 
 
-def lr_at(args: TrainArgs, step: int, total: int, elapsed: float) -> float:
-    """Warmup then cosine over the run's progress (steps, or time under --time-limit)."""
-    frac = step / total
-    if args.time_limit:
-        frac = max(frac, elapsed / args.time_limit) if args.max_steps else elapsed / args.time_limit
-    frac = min(frac, 1.0)
+def budget_spent(args: TrainArgs, state: TrainState, total: int) -> float:
+    """How far a run is through its budget (1: done): its steps, or its `time_limit` (wall
+    seconds) and `core_hours` (CPU time of its steps), whichever ends first; with
+    `max_steps` as well, that too."""
+    limits = [state.elapsed / args.time_limit] if args.time_limit else []
+    limits += [state.core_seconds / (args.core_hours * 3600)] if args.core_hours else []
+    if not limits:
+        return state.step / total
+    return max([state.step / total] + limits) if args.max_steps else max(limits)
+
+
+def lr_at(args: TrainArgs, spent: float) -> float:
+    """Warmup then cosine over the run's progress `spent` (see `budget_spent`)."""
+    frac = min(spent, 1.0)
     if frac < args.warmup:
         return args.lr * max(frac / args.warmup, 0.01)
     t = (frac - args.warmup) / max(1e-9, 1 - args.warmup)
@@ -62,6 +71,8 @@ class Trainer:
         self.args, self.log = args, log
         self.group = mx.distributed.init()
         self.rank, self.world = self.group.rank(), self.group.size()
+        if args.core_hours and self.world > 1:  # ranks' CPU times differ: they would stop apart
+            raise ValueError("--core-hours is for one process; under mlx.launch use --max-steps or --time-limit")
         self.out = Path(args.out)
         model, self.tokenizer = load(args.model)
         model.freeze()
@@ -99,6 +110,7 @@ class Trainer:
             mx.eval(self.drafter.parameters())
         self.total = args.max_steps or max(1, int(math.ceil(args.epochs * len(self.seqs) / args.batch_size)))
         self.value_and_grad = nn.value_and_grad(self.drafter, self._loss)
+        self._references: Optional[list[Reference]] = None  # held-out answers, made at the first evaluation
 
     # ------------------------------------------------------------------ data
 
@@ -217,7 +229,7 @@ class Trainer:
     def step(self) -> Optional[dict]:
         """One optimiser step; returns its numbers (None for an empty batch)."""
         st = self.state
-        self.optimizer.learning_rate = lr_at(self.args, st.step, self.total, st.elapsed)
+        self.optimizer.learning_rate = lr_at(self.args, budget_spent(self.args, st, self.total))
         batch, vocab = self.batch_for_step()
         st.step += 1
         if batch is None:
@@ -243,19 +255,31 @@ class Trainer:
             "blocks": blocks,
         }
 
-    def heldout_tau(self) -> Optional[float]:
-        """Greedy tau of the current drafter on the first held-out prompts (real decoding)."""
+    def heldout_tau(self) -> dict:
+        """Greedy tau of the current drafter on the first held-out prompts, all and per kind,
+        by replay along the target's own answers (`replay.py`: what real decoding gives, at a
+        fraction of its cost; the answers are made once and kept beside the data)."""
         held = Path(self.args.data).parent / "heldout.jsonl"
         if not held.is_file() or self.args.eval_prompts <= 0:
-            return None
-        from ..messages import read_prompt_file
-        from .evaluate import evaluate
+            return {"heldout_tau": None}
+        B, n = self.cfg.block_size, self.args.eval_tokens
+        if self._references is None:
+            from ..messages import read_prompt_file
 
-        prompts = read_prompt_file(held)[: self.args.eval_prompts]
-        res = evaluate(
-            self.model, self.tokenizer, self.drafter, prompts, max_tokens=self.args.eval_tokens, temps=(0.0,)
-        )
-        return res["0"]["all"]["tau"]
+            prompts = read_prompt_file(held)[: self.args.eval_prompts]
+            answers = held.parent / f"heldout_answers_{n}.json"
+            self._references = references(
+                self.model,
+                self.tokenizer,
+                prompts,
+                self.cfg.target_layer_ids,
+                max_tokens=n,
+                block_size=B,
+                answers=answers,
+            )
+        res = replay_tau(self.drafter, self.model, self._references, max_tokens=n, block_size=B)
+        kinds = {k: r["tau"] for k, r in res.items() if k != "all"}
+        return {"heldout_tau": res["all"]["tau"], "heldout_kinds": kinds}
 
     def run(self) -> dict:
         a, st = self.args, self.state
@@ -281,23 +305,23 @@ class Trainer:
         history: list[dict] = []
         with StepBar(self.total, st.step, enabled=a.progress and self.rank == 0) as bar:
             try:
-                while st.step < self.total or (a.time_limit and not a.max_steps):
+                while budget_spent(a, st, self.total) < 1.0:
+                    cpu = time.process_time()  # every thread's: a paused or waiting job is not charged
                     out = self.step()
-                    threads = self.threads.threads  # in effect during this step
-                    elapsed, st.elapsed = st.elapsed, time.perf_counter() - t_start
-                    st.core_seconds += (st.elapsed - elapsed) * threads
+                    st.core_seconds += time.process_time() - cpu
+                    st.elapsed = time.perf_counter() - t_start
                     self.threads.poll()
                     if out is not None:
                         meter.add(out)
                     if self.rank != 0:
-                        if a.time_limit and st.elapsed > a.time_limit:
-                            break
                         continue
                     rec = None
                     if a.eval_minutes and time.perf_counter() - last_eval > a.eval_minutes * 60:
-                        rec = {"step": st.step, "elapsed": round(st.elapsed, 1), "heldout_tau": self.heldout_tau()}
+                        tic = time.perf_counter()
+                        rec = {"step": st.step, "elapsed": round(st.elapsed, 1), **self.heldout_tau()}
                         meter.heldout = rec["heldout_tau"]
                         last_eval = time.perf_counter()
+                        t_start += last_eval - tic  # measuring is not training time
                     bar.update(st.step, meter.describe(st, self.optimizer.learning_rate.item()))
                     if st.step % a.log_every == 0 or st.step == self.total:
                         rec = {**(rec or {}), **meter.record(st, self.optimizer.learning_rate.item())}
@@ -311,9 +335,6 @@ class Trainer:
                     if st.step % a.checkpoint_every == 0 or time.perf_counter() - last_ck > a.checkpoint_minutes * 60:
                         save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
                         last_ck = time.perf_counter()
-                    if a.time_limit and st.elapsed > a.time_limit:
-                        self.log(f"time limit reached at step {st.step}")
-                        break
             finally:
                 if log_file:
                     log_file.close()

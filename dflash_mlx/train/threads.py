@@ -9,8 +9,8 @@ DFLASH.md section 8). It looks with a non-blocking lock attempt that it releases
 once, every few seconds at most: it never holds the lock while it works, so whoever
 waits for it is not kept waiting. ``$DFLASH_CPU_LOCK`` names another lock file.
 
-Core-seconds (threads x seconds) measure what a training run cost; the trainer keeps
-them in its checkpointed state.
+Core-seconds (the CPU time of the training steps, every thread's) measure what a run
+cost; the trainer keeps them in its checkpointed state.
 """
 
 from __future__ import annotations
