@@ -161,6 +161,9 @@ class TinyTok:
     def convert_ids_to_tokens(self, i):
         return f"<{i}>"
 
+    def encode(self, text):  # held-out prompts (no chat template): characters as ids below the EOS
+        return [ord(c) % 40 for c in text]
+
 
 def random_training_data(tmp_path, monkeypatch, model, max_token: int):
     """Eight random prompt/answer sequences on disk, and `load()` returning the tiny target."""
@@ -334,3 +337,26 @@ def test_shipped_drafter_round_trips_through_export(tmp_path):
         got = dict(tree_flatten(other.parameters()))
         assert got.keys() == want.keys()
         assert all(mx.array_equal(got[k], want[k]).item() for k in want)
+
+
+def test_periodic_heldout_tau_is_replayed_and_logged_per_kind(tmp_path, monkeypatch):
+    """With a held-out file beside the data, training logs greedy tau (all and per kind) from
+    replays along the target's greedy answers, which it makes once and keeps on disk."""
+    from dflash_mlx.train.loop import TrainArgs, train
+
+    model = tiny_target(vocab=48)
+    data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
+    held = [
+        {"set": kind, "messages": [{"role": "user", "content": text}]} for kind, text in [("a", "xyz"), ("b", "hi")]
+    ]
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(p) + "\n" for p in held))
+    common = dict(data=str(data), out=str(tmp_path / "d"), num_layers=1, target_layer_ids=[1, 3], block_size=4)
+    args = TrainArgs(
+        **common, batch_size=2, num_anchors=4, max_steps=2, eval_minutes=1e-9, eval_tokens=6, progress=False
+    )
+    result = train(args, log=lambda s: None)
+    evals = [r for r in result["history"] if "heldout_tau" in r]
+    assert len(evals) == 2 and all(1.0 <= r["heldout_tau"] <= 4.0 for r in evals)
+    assert set(evals[0]["heldout_kinds"]) == {"a", "b"}
+    saved = json.loads((tmp_path / "heldout_answers_6.json").read_text())
+    assert len(saved["answers"]) == 2 and all(len(a) == 6 + 4 for a in saved["answers"])
