@@ -425,12 +425,20 @@ def serve(
     os._exit(0)
 
 
-from app.train_cli import data_command, draft_vocab_command, eval_command, instructions_command, train_command  # noqa: E402
+from app.train_cli import (  # noqa: E402
+    curves_command,
+    data_command,
+    draft_vocab_command,
+    eval_command,
+    instructions_command,
+    train_command,
+)
 
 app.command("instructions")(one_line_errors(instructions_command))
 app.command("data")(one_line_errors(data_command))
 app.command("train")(one_line_errors(train_command))
 app.command("eval")(one_line_errors(eval_command))
+app.command("curves")(one_line_errors(curves_command))
 app.command("draft-vocab")(one_line_errors(draft_vocab_command))
 
 

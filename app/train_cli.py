@@ -281,6 +281,21 @@ def eval_command(
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def curves_command(
+    runs: List[Path] = typer.Argument(..., help="Training run directories (each with train_log.jsonl)."),
+    target_tau: float = typer.Option(2.6, "--target-tau", help="Say what each run's line needs for this tau."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the curves into this PNG (needs matplotlib)."),
+) -> None:
+    """Held-out tau against core-hours per run, fitted per doubling of compute: which recipe learns fastest."""
+    from dflash_mlx.train.curves import curves_table, plot as draw, read_curve
+
+    curves = {run.name: read_curve(run) for run in runs}
+    typer.echo(curves_table(curves, target_tau))
+    if plot:
+        draw(curves, plot)
+        typer.echo(f"plot -> {plot}")
+
+
 def draft_vocab_command(
     data: List[Path] = typer.Option(
         ..., "--data", "-d", help="train.jsonl from `dflash data` (or its directory). Repeatable."

@@ -113,7 +113,7 @@ class BlockSizePolicy:
         if not self.seconds:
             return list(self.model)
         drafted = {m: t for m, t in self.seconds.items() if m > 1}
-        line = _fit_line(drafted) if len(drafted) > 1 else None
+        line = fit_line(drafted) if len(drafted) > 1 else None
         out = []
         for size in range(1, self.max_size + 1):
             if size in self.seconds:
@@ -293,7 +293,7 @@ class TreePolicy(BlockSizePolicy):
         drafted = {m: t for m, t in self.seconds.items() if m > 1}
         drafted.update({n + 1: t for n, t in self.tree_seconds.items()})
         if len(drafted) > 1:
-            intercept, slope = _fit_line(drafted)
+            intercept, slope = fit_line(drafted)
             return max(intercept + slope * width.size, costs[0], 1e-9)
         last = self.max_size - 1  # beyond the block: the chain's slope, carried on
         step = costs[last] - costs[last - 1] if last > 1 else costs[last] - costs[0]
@@ -408,7 +408,7 @@ def _interval(probe_cost: float, best_cost: float, explore: float) -> int:
     return max(1, math.ceil(max(probe_cost - best_cost, 0.0) / (explore * best_cost)))
 
 
-def _fit_line(points: dict[int, float]) -> tuple[float, float]:
+def fit_line(points: dict[float, float]) -> tuple[float, float]:
     """Least-squares (intercept, slope) through {x: y}."""
     n = len(points)
     mx_, my = sum(points) / n, sum(points.values()) / n

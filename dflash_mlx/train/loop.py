@@ -318,7 +318,8 @@ class Trainer:
                     rec = None
                     if a.eval_minutes and time.perf_counter() - last_eval > a.eval_minutes * 60:
                         tic = time.perf_counter()
-                        rec = {"step": st.step, "elapsed": round(st.elapsed, 1), **self.heldout_tau()}
+                        rec = {"step": st.step, "elapsed": round(st.elapsed, 1), "core_hours": st.core_seconds / 3600}
+                        rec.update(self.heldout_tau())
                         meter.heldout = rec["heldout_tau"]
                         last_eval = time.perf_counter()
                         t_start += last_eval - tic  # measuring is not training time
