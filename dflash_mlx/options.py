@@ -122,10 +122,10 @@ class DecodeOptions:
             raise TypeError(f"unknown decoding option {unknown[0]!r}")
         return replace(options or cls(), **changes)
 
-    @property
     def sampling(self) -> SamplingParams:
-        """What the loop samples and accepts with. Without a seed each call draws a fresh
-        one from MLX's global generator (so `mx.random.seed` still makes runs repeatable)."""
+        """What one generation samples and accepts with. Without a seed each call draws a
+        fresh one from MLX's global generator (so `mx.random.seed` still makes runs
+        repeatable): call it once per generation."""
         return SamplingParams(self.temp, self.top_p, self.top_k, fresh_seed() if self.seed is None else self.seed)
 
     def window(self, drafter: Any) -> Optional[int]:

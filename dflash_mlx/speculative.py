@@ -161,7 +161,7 @@ def _setup(
     else:
         policy = None
     full_blocks = policy is not None
-    return Cycles(target, draft_model, cache, options.sampling, options.profile, full_blocks), policy, trees
+    return Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks), policy, trees
 
 
 def make_policy(model: nn.Module, draft_model: Drafter, trees: bool = False) -> BlockSizePolicy:
