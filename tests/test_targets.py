@@ -32,7 +32,7 @@ from dflash_mlx.speculative import generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from test_lossless import ScriptedPolicy
-from tiny_targets import FAMILIES, HIDDEN, VOCAB, WINDOW, tiny_target
+from tiny_targets import FAMILIES, VOCAB, WINDOW, tiny_drafter_config, tiny_target
 
 BLOCK = 6
 MASK = VOCAB - 1
@@ -41,20 +41,7 @@ LENGTHS = [(5, 30), (WINDOW + 1, 24), (3 * WINDOW + 3, 30)]
 
 
 def drafter_config(target: Target, block_size: int = BLOCK) -> DrafterConfig:
-    n = target.num_layers
-    return DrafterConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        num_target_layers=n,
-        target_layer_ids=[0, n - 1],
-        mask_token_id=MASK,
-        block_size=block_size,
-    )
+    return tiny_drafter_config(target.num_layers, block_size, mask_token_id=MASK)
 
 
 def random_drafter(target: Target, seed: int = 0) -> Drafter:

@@ -160,9 +160,9 @@ def save_tiny_target(family: str, path, tokenizer_dir, vocab_size: int, seed: in
     return path
 
 
-def tiny_drafter_config(num_target_layers: int, block_size: int, vocab_size: int = VOCAB):
+def tiny_drafter_config(num_target_layers: int, block_size: int, vocab_size: int = VOCAB, mask_token_id: int = 4):
     """A one-layer drafter that fits a tiny target (4 heads of 16, 2 KV heads, MLP 64),
-    reading its first and last layers, mask token 4."""
+    reading its first and last layers."""
     from dflash_mlx.drafter import DrafterConfig
 
     return DrafterConfig(
@@ -175,6 +175,6 @@ def tiny_drafter_config(num_target_layers: int, block_size: int, vocab_size: int
         vocab_size=vocab_size,
         num_target_layers=num_target_layers,
         target_layer_ids=[0, num_target_layers - 1],
-        mask_token_id=4,
+        mask_token_id=mask_token_id,
         block_size=block_size,
     )
