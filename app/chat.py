@@ -2,7 +2,7 @@
 
     dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
                 [--top-k K] [--block-size B] [--tree-budget N] [--max-tokens N] [--system TEXT] [--no-draft]
-                [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N]
+                [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N] [--prompt-cache-file FILE]
 
 All model work happens on the engine's worker thread (`engine.py`); the widgets are in
 `widgets.py`, the conversation's data in `session.py` and the look in `chat.tcss`. This
@@ -63,6 +63,7 @@ class ChatApp(SlashCommands, App):
         system: str | None = None,
         draft_vocab: str | None = None,
         engine_factory: Callable[[Callable[[Event], None]], Engine] | None = None,
+        prompt_cache_file: str | None = None,
     ) -> None:
         super().__init__()
         self.model_path = model
@@ -70,7 +71,9 @@ class ChatApp(SlashCommands, App):
         self.draft_vocab = draft_vocab
         self.settings = settings or Settings()
         self.system = system
-        self._engine_factory = engine_factory or (lambda on_event: Engine(on_event))
+        self._engine_factory = engine_factory or (
+            lambda on_event: Engine(on_event, prompt_cache_file=prompt_cache_file)
+        )
         self.engine: Engine | None = None
         self._transcript = VerticalScroll(id="transcript")
         self._panel = StatsPanel()
@@ -239,6 +242,8 @@ class ChatApp(SlashCommands, App):
             await self.note(
                 f"Loaded {event.model}" + (f" with {event.draft}." if event.draft else " (no drafter: target-only).")
             )
+            if event.prefix:
+                await self.note(f"The conversation starts after the prompt cache's {event.prefix} tokens.")
             panel.hide_progress()
             if not self.busy:
                 self.state = "ready"
@@ -334,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-bits", type=int, default=d.kv_bits, help="quantize the target's KV cache (default: off)")
     p.add_argument("--kv-group-size", type=int, default=d.kv_group_size, help="KV cache quantization group size")
     p.add_argument("--quantized-kv-start", type=int, default=d.quantized_kv_start, help="tokens before quantizing")
+    p.add_argument(
+        "--prompt-cache-file", default=None, help="a prefix saved by dflash cache-prompt: the conversation follows it"
+    )
     return p
 
 
@@ -355,8 +363,17 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
         quantized_kv_start=args.quantized_kv_start,
     )
     settings = Settings(options, max_tokens=args.max_tokens, baseline=args.no_draft)
+    if args.prompt_cache_file is not None:  # refused now, in one line, if it is another model's
+        from dflash_mlx.cache import cache_ids, read_file
+
+        read_file(args.prompt_cache_file, *cache_ids(args.model, args.draft))
     return ChatApp(
-        model=args.model, draft=args.draft, settings=settings, system=args.system, draft_vocab=args.draft_vocab
+        model=args.model,
+        draft=args.draft,
+        settings=settings,
+        system=args.system,
+        draft_vocab=args.draft_vocab,
+        prompt_cache_file=args.prompt_cache_file,
     )
 
 

@@ -140,9 +140,9 @@ def generate(
     target, tokenizer = load(model, sharding=choose_sharding(sharding))
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if prompt_cache_file is not None:  # the prefix's tokens, then the prompt's, raw
-        from dflash_mlx.cache import load_file
+        from dflash_mlx.cache import cache_ids, load_file
 
-        cache = load_file(str(prompt_cache_file), target, drafter, *_cache_ids(model, draft, no_draft))
+        cache = load_file(str(prompt_cache_file), target, drafter, *cache_ids(model, draft, no_draft))
         prompt = cache.tokens + tokenizer.encode(prompt, add_special_tokens=False)
     elif not raw and tokenizer.chat_template:
         prompt = apply_chat_template(tokenizer, user_messages(prompt, system), tokenize=False)
@@ -160,11 +160,6 @@ def generate(
         print(format_stats(last), file=sys.stderr)
 
 
-def _cache_ids(model: Optional[str], draft: Optional[str], no_draft: bool) -> tuple[str, str]:
-    """The target and drafter a prompt cache file is tagged with: the names given."""
-    return model or "default", "none" if no_draft else draft or "default"
-
-
 @app.command("cache-prompt")
 @one_line_errors
 def cache_prompt(
@@ -177,7 +172,7 @@ def cache_prompt(
     """Prefill a long prefix (system prompt, document, tools) once and save the target's
     and drafter's caches, as mlx_lm.cache_prompt does: `generate --prompt-cache-file`."""
     from dflash_mlx import load, load_draft
-    from dflash_mlx.cache import PromptCache, save_file
+    from dflash_mlx.cache import PromptCache, cache_ids, save_file
     from dflash_mlx.speculative import generate_step
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -188,7 +183,7 @@ def cache_prompt(
     for _ in generate_step(tokens + tokens[-1:], target, drafter, max_tokens=1, prompt_cache=cache):
         break
     cache.reuse(tokens + tokens[-1:], with_drafter=drafter is not None)  # the prefix alone
-    save_file(str(output), cache, *_cache_ids(model, draft, no_draft))
+    save_file(str(output), cache, *cache_ids(model, draft, no_draft))
     print(f"saved {len(cache.tokens)} tokens to {output}")
 
 

@@ -117,6 +117,7 @@ class Status:
 class Loaded:
     model: str
     draft: str | None  # None: no drafter, target-only decoding
+    prefix: int = 0  # tokens of the saved prompt cache the conversation starts after
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,16 @@ class Engine(ModelThread):
     Args:
         on_event: called on the worker thread with each event.
         backend: the engine module (default: `dflash_mlx`; tests pass a scripted one).
+        prompt_cache_file: a prefix saved by `dflash cache-prompt`: every conversation
+            starts after its tokens (its caches are loaded, never prefilled).
     """
 
-    def __init__(self, on_event: Callable[[Event], None], backend: Any = None) -> None:
+    def __init__(
+        self, on_event: Callable[[Event], None], backend: Any = None, prompt_cache_file: str | None = None
+    ) -> None:
         super().__init__("dflash-engine", backend)
+        self.prefix_file, self.prefix = prompt_cache_file, []  # the file's tokens, once loaded
+        self.refs: tuple = (None, None)  # the target and drafter as named to `load`
         self._emit = on_event
         self._seq_lock = threading.Lock()
         self._submitted = 0  # generate commands handed in so far
@@ -232,13 +239,29 @@ class Engine(ModelThread):
         except Exception as exc:
             note = f"Drafter unavailable ({describe_error(exc)}); continuing with target-only decoding."
         self.forget()
-        self.model, self.tokenizer, self.draft = model, tokenizer, draft
+        self.model, self.tokenizer, self.draft, self.refs = model, tokenizer, draft, (model_path, draft_path)
         if note:
             self._emit(Failed(note, "draft"))
-        self._emit(Loaded(model_name, (draft_path or "default drafter") if draft is not None else None))
+        if self.prefix_file is not None:
+            self._load_prefix()
+        drafter = (draft_path or "default drafter") if draft is not None else None
+        self._emit(Loaded(model_name, drafter, len(self.prefix)))
+
+    def _load_prefix(self) -> None:
+        """Load the prompt cache file as the conversation's cache (a file for another
+        target or drafter: a note, and the conversation starts from nothing)."""
+        from dflash_mlx.cache import cache_ids, load_file
+
+        try:
+            self.cache = load_file(self.prefix_file, self.model, self.draft, *cache_ids(*self.refs))
+        except Exception as exc:
+            self.prefix_file, self.prefix = None, []
+            self._emit(Failed(f"Prompt cache not used: {describe_error(exc)}", "draft"))
+            return
+        self.prefix = list(self.cache.tokens)
 
     def _do_clear(self) -> None:
-        self.cache = None
+        self.cache = None  # with a prompt cache file, the next reply loads it again
         self._emit(Cleared())
 
     def _do_generate(self, seq: int, messages: list[dict], settings: Settings) -> None:
@@ -249,6 +272,8 @@ class Engine(ModelThread):
         if self.model is None:
             self._emit(Failed("No model is loaded (see the message above).", "generate"))
             return
+        if self.cache is None and self.prefix_file is not None:
+            self._load_prefix()
         if self.cache is None:
             self.cache = self.backend.make_prompt_cache(self.model, self.draft)
         from_draft = 0
@@ -260,7 +285,7 @@ class Engine(ModelThread):
                 self._emit(Token(response.text, bool(response.from_draft), Snapshot.of(response, baseline, from_draft)))
 
         last, reason = self.decode(
-            apply_chat_template(self.tokenizer, messages),
+            self.prefix + apply_chat_template(self.tokenizer, messages),
             None if baseline else self.draft,
             settings.options,
             self.cache,

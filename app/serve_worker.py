@@ -8,8 +8,17 @@ back through the job's own queue, fed thread-safely.
 
 Prompt caches: a few are kept (`CachePool`). A request that extends a conversation whose
 tokens a cache holds (the next turn of a chat) continues that cache and prefills only
-the new messages; any other request takes a fresh cache while there is room, else the
-one that shares the longest prefix with it.
+the new messages. One that shares at least `HOT_PREFIX` tokens with a cache (an agent's
+system prompt and tools, sent again with other messages after them) takes that cache:
+it is trimmed back to the shared prefix and only the rest is prefilled (a hybrid target
+goes back to a snapshot there, `dflash_mlx.cache`); the conversation it held then keeps
+that prefix only. Any other request takes a fresh cache while there is room, else the
+one that shares the longest prefix with it. `usage.prompt_tokens_details.cached_tokens`
+says how many prompt tokens were not prefilled.
+
+A prompt is prefilled in chunks (`cycles.PREFILL_STEP` tokens); one longer than a chunk
+logs its progress, and a streamed chat answer's first event (the role) goes out before
+the prefill.
 """
 
 from __future__ import annotations
@@ -17,13 +26,16 @@ from __future__ import annotations
 import asyncio
 import queue
 import secrets
+import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from app.api import CompletionRequest, ModelInfo, TokenLogprob
 from app.worker import Failed, ModelThread, describe_error
+from dflash_mlx.cycles import PREFILL_STEP
 from dflash_mlx.options import DecodeOptions
 
 import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
@@ -122,11 +134,16 @@ class Job:
             self.cancel()
 
 
+#: Prompt tokens shared with a pooled cache that make a request take that cache (fewer:
+#: a chat template's opening and a default system prompt, not worth another conversation).
+HOT_PREFIX = 128
+
+
 class CachePool:
     """Up to `size` prompt caches; see the module docstring for which one a prompt gets."""
 
-    def __init__(self, make: Any, size: int = 4):
-        self.make, self.size = make, size
+    def __init__(self, make: Any, size: int = 4, hot: int = HOT_PREFIX):
+        self.make, self.size, self.hot = make, size, hot
         self.caches: list = []  # most recently used last
 
     @staticmethod
@@ -143,7 +160,7 @@ class CachePool:
         scored = [(self._shared(c.tokens, prompt), i) for i, c in enumerate(self.caches)]
         best = max(scored, default=None)
         extends = best is not None and best[0] == len(self.caches[best[1]].tokens) and best[0] > 0
-        if extends or (best is not None and len(self.caches) >= self.size):
+        if extends or (best is not None and (best[0] >= self.hot or len(self.caches) >= self.size)):
             cache = self.caches.pop(best[1])
         else:
             cache = self.make()
@@ -167,6 +184,7 @@ class Worker(ModelThread):
         max_queue: requests waiting at most (beyond that `submit` raises `QueueFull`).
         no_draft: decode with the target alone.
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
+        log: where prefill progress lines go (default: stderr).
     """
 
     def __init__(
@@ -180,8 +198,10 @@ class Worker(ModelThread):
         cache_slots: int = 4,
         no_draft: bool = False,
         draft_vocab: Optional[str] = None,
+        log: Optional[Callable[[str], None]] = None,
     ):
         super().__init__("dflash-serve", max_queue=max_queue)
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.model_ref, self.draft_ref, self.no_draft, self.draft_vocab = model, draft, no_draft, draft_vocab
         self.options, self.default_max_tokens, self.cache_slots = options, default_max_tokens, cache_slots
         self.info: Optional[ModelInfo] = None
@@ -303,6 +323,7 @@ class Worker(ModelThread):
             cancelled=job.cancelled.is_set,
             on_response=delta,
             drop_cache=lambda: self.pool.drop(cache),
+            on_prefill=self._progress(),
         )
         stop = None
         if reason == "stop" and req.stop and tokens[-1] not in eos:
@@ -310,6 +331,17 @@ class Worker(ModelThread):
         done = _done(reason, stop, last)
         job.emit(done)
         return done
+
+    def _progress(self) -> Callable[[int, int], None]:
+        """A prefill callback that logs each chunk of a prompt longer than one."""
+        tic = time.perf_counter()
+
+        def progress(done: int, total: int) -> None:
+            if total > PREFILL_STEP:
+                seconds = time.perf_counter() - tic
+                self.log(f"prefill {done}/{total} prompt tokens ({seconds:.1f} s)")
+
+        return progress
 
 
 def _token_logprob(tokenizer: Any, response: Any, top: int) -> TokenLogprob:

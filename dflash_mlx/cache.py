@@ -7,6 +7,14 @@ decodes one token a step, so a token at position p attends to a quantized cache 
 p >= start; `kv_room` caps the cycle that would cross the start so that ours do too, and
 greedy output stays mlx-lm's with the same quantized cache (rollback trims a
 `QuantizedKVCache` as it does a `KVCache`).
+
+A hybrid target's recurrent layers (gated delta, `ArraysCache`) cannot forget tokens, so
+the cache keeps snapshots (`rollback.Mark`, a few, least recently used dropped first) at
+prefix boundaries: the end of each prompt, and where a later prompt stopped sharing the
+tokens held (the length of an agent's system prompt and tools, learned from its second
+request). A prompt that shares a prefix goes back to the longest snapshot inside it and
+prefills from there; one that finds none prefills from zero but snapshots the shared
+prefix on the way, for the next.
 """
 
 from __future__ import annotations
@@ -34,6 +42,11 @@ from .options import DecodeOptions
 from .rollback import Mark, rewind
 
 
+#: Hybrid snapshots a prompt cache keeps (each holds references to the recurrent
+#: layers' states: a few conv windows and recurrent matrices, no KV).
+MARKS = 4
+
+
 class PromptCache:
     """The target's KV cache, the drafter's context cache, and the tokens they hold.
 
@@ -50,7 +63,8 @@ class PromptCache:
         self.draft: Optional[list] = None
         self.pending: list[mx.array] = []  # features (1, n, k * hidden) not yet in the drafter's context
         self.policy: Optional[BlockSizePolicy] = None
-        self.mark: Optional[Mark] = None  # the target cache at the end of the last prompt
+        self.marks: list[Mark] = []  # hybrid snapshots at prefix boundaries, least recently used first
+        self.boundary: Optional[int] = None  # a prefix length the next prefill snapshots at
         self.kv: Optional[tuple[int, int, int]] = None  # (bits, group size, start) of the KV quantization
         self.use_drafter(draft_model)
 
@@ -108,8 +122,26 @@ class PromptCache:
         return cached + sum(f.shape[1] for f in self.pending)
 
     def remember(self) -> None:
-        """Mark the target cache where it stands (after a prompt's prefill)."""
-        self.mark = Mark.take(self.target, len(self.tokens))
+        """Snapshot the target cache where it stands (a prefix boundary in a prefill), for
+        a hybrid target; the least recently used snapshot goes past `MARKS`."""
+        mark = Mark.take(self.target, len(self.tokens))
+        if mark is not None:
+            kept = [m for m in self.marks if m.length != mark.length]
+            self.marks = kept[-(MARKS - 1) :] + [mark]
+
+    def _rewind(self, keep: int) -> int:
+        """Make the target cache hold its first `keep` tokens, or as many as the longest
+        snapshot inside them gives (0: a fresh cache); how many it holds."""
+        self.marks = [m for m in self.marks if m.length <= keep]  # the others hold other tokens
+        mark = max(self.marks, key=lambda m: m.length, default=None)
+        held = rewind(self.target, len(self.tokens), keep, mark)
+        if held is None:
+            self.target, self.marks, held = make_target_cache(self.model), [], 0
+        elif mark is not None and held == mark.length:  # used: the most recently
+            self.marks.remove(mark)
+            self.marks.append(mark)
+        self.boundary = keep if held < keep and Mark.take(self.target, held) is not None else None
+        return held
 
     def flush(self) -> None:
         """Move pending features into the drafter's context (lazily, one projection)."""
@@ -120,8 +152,9 @@ class PromptCache:
     def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
         """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
         token to prefill) and return its length. A target cache that cannot forget
-        tokens goes back to the end of the last prompt if that is early enough (a
-        recurrent state, see `rollback.Mark`), else starts over (a wrapped window)."""
+        tokens goes back to its longest snapshot inside that prefix (a recurrent state,
+        see the module docstring), else starts over (also a wrapped window); the next
+        prefill then snapshots the shared prefix (`boundary`)."""
         keep = 0
         for a, b in zip(self.tokens, prompt[:-1]):
             if a != b:
@@ -129,10 +162,7 @@ class PromptCache:
             keep += 1
         if with_drafter:
             keep = min(keep, self.draft_length)
-        held = rewind(self.target, len(self.tokens), keep, self.mark)
-        if held is None:
-            self.target, self.mark, held = make_target_cache(self.model), None, 0
-        keep = held
+        keep = self._rewind(keep)
         self.tokens = self.tokens[:keep]
         if self.draft_length > keep:
             self.flush()
@@ -168,9 +198,15 @@ def save_file(path: str, cache: PromptCache, model_id: str, draft_id: str) -> No
     save_prompt_cache(path, cache.target + draft, metadata)
 
 
-def load_file(path: str, model: nn.Module, draft_model: Optional[Drafter], model_id: str, draft_id: str) -> PromptCache:
-    """The `PromptCache` saved at `path`, after checking it is this format and belongs to
-    this target and drafter (a ValueError of one line otherwise)."""
+def cache_ids(model: Optional[str], draft: Optional[str], no_draft: bool = False) -> tuple[str, str]:
+    """The target and drafter ids a prompt cache file is tagged with: the names given on
+    the command line ("default" for the defaults, "none" for no drafter)."""
+    return model or "default", "none" if no_draft else draft or "default"
+
+
+def read_file(path: str, model_id: str, draft_id: str) -> tuple[list, dict]:
+    """The caches and metadata saved at `path`, after checking it is this format and
+    belongs to this target and drafter (a ValueError of one line otherwise)."""
     try:
         caches, metadata = load_prompt_cache(path, return_metadata=True)
     except Exception as exc:  # mlx raises plain exceptions for a file that is not safetensors
@@ -180,6 +216,12 @@ def load_file(path: str, model: nn.Module, draft_model: Optional[Drafter], model
     for kind, want in (("model", model_id), ("draft", draft_id)):
         if metadata.get(kind) != want:
             raise ValueError(f"{path} was saved for {kind} {metadata.get(kind)!r}, not {want!r}")
+    return caches, metadata
+
+
+def load_file(path: str, model: nn.Module, draft_model: Optional[Drafter], model_id: str, draft_id: str) -> PromptCache:
+    """The `PromptCache` saved at `path` (checked as `read_file` does)."""
+    caches, metadata = read_file(path, model_id, draft_id)
     cache = PromptCache(model, draft_model)
     n = int(metadata["target_layers"])
     cache.target, cache.tokens = caches[:n], json.loads(metadata["tokens"])

@@ -92,20 +92,28 @@ class Cycles:
     def prefill(self, tokens: Sequence[int], start: int, progress: Optional[Callable[[int, int], None]]) -> Cycle:
         """Prefill the target from `start`, feeding the captured features straight into
         the drafter's context. The first token is queued, not read."""
-        cache, drafter = self.cache, self.drafter
-        todo = list(tokens[start:])
-        for chunk in _chunks(todo, cache.kv is not None):
-            hidden, features = self.target.forward(mx.array(chunk)[None], cache.target, capture=drafter is not None)
-            cache.quantize()
-            if drafter is not None:
-                cache.flush()
-                drafter.append_context(features, cache.draft)
-            cache.tokens += chunk
-            mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
-            if progress:
-                progress(len(cache.tokens), len(tokens))
-        cache.remember()
+        cache, hidden = self.cache, None
+        stops = [b for b in (cache.boundary,) if b is not None and start < b < len(tokens)] + [len(tokens)]
+        cache.boundary = None
+        for begin, end in zip([start] + stops, stops):  # a snapshot at each stop
+            for chunk in _chunks(list(tokens[begin:end]), cache.kv is not None and end == len(tokens)):
+                hidden = self._prefill_chunk(chunk)
+                if progress:
+                    progress(len(cache.tokens), len(tokens))
+            cache.remember()
         return self._queue(0, self.target.lm_head(hidden[:, -1]), len(tokens))
+
+    def _prefill_chunk(self, chunk: list[int]) -> mx.array:
+        """Feed `chunk` to the target (and its features to the drafter); its hidden states."""
+        cache, drafter = self.cache, self.drafter
+        hidden, features = self.target.forward(mx.array(chunk)[None], cache.target, capture=drafter is not None)
+        cache.quantize()
+        if drafter is not None:
+            cache.flush()
+            drafter.append_context(features, cache.draft)
+        cache.tokens += chunk
+        mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
+        return hidden
 
     def plain(self, after: Cycle) -> Cycle:
         """Queue one target step on the last token of `after`, which may itself still be

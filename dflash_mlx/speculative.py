@@ -361,8 +361,10 @@ def generate(
 def format_stats(response: GenerationResponse) -> str:
     """A few lines of human-readable stats for a finished generation."""
     s = response.stats.to_dict() if response.stats is not None else {"block_size": 0}
+    cached = f" ({s['prompt_cached']} from the prompt cache)" if s.get("prompt_cached") else ""
+    first = f", first token after {s['prompt_time']:.2f} s" if s.get("prompt_time") else ""
     lines = [
-        f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.1f} tokens/s",
+        f"Prompt: {response.prompt_tokens} tokens{cached}, {response.prompt_tps:.1f} tokens/s{first}",
         f"Generation: {response.generation_tokens} tokens, {response.generation_tps:.1f} tokens/s",
         f"Peak memory: {response.peak_memory:.3f} GB",
     ]

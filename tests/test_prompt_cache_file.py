@@ -5,6 +5,8 @@ rest is prefilled, and a file for another target or drafter is refused with one 
 
 from __future__ import annotations
 
+import threading
+
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import pytest
 
@@ -49,3 +51,41 @@ def test_saved_prefix_gives_the_same_output(tmp_path):
     (tmp_path / "junk.safetensors").write_text("junk")
     with pytest.raises(ValueError, match="not a prompt cache file"):
         load_file(str(tmp_path / "junk.safetensors"), model, drafter, "tiny-llama", "tiny-drafter")
+
+
+def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
+    """`dflash-chat --prompt-cache-file`: the engine loads the file, the conversation
+    follows its tokens (none of them prefilled again) and the reply is the one a fresh
+    prefill of prefix + conversation gives; a file for another model is refused in one line."""
+    from app.chat import main
+    from app.engine import Engine, Finished, Loaded, Settings, Token
+    from dflash_mlx import load, load_draft, stream_generate
+    from dflash_mlx.cache import cache_ids
+    from dflash_mlx.messages import apply_chat_template
+    from dflash_mlx.options import DecodeOptions
+
+    model, tokenizer = load(None)
+    drafter = load_draft(None, model=model)
+    prefix = tokenizer.encode("Notes: the shop opens at nine and closes at five. " * 6)
+    cache = PromptCache(model, drafter)
+    list(zip(range(1), generate_step(prefix + prefix[-1:], model, drafter, max_tokens=1, prompt_cache=cache)))
+    cache.reuse(prefix + prefix[-1:], with_drafter=True)
+    path = str(tmp_path / "prefix.safetensors")
+    save_file(path, cache, *cache_ids(None, None))
+
+    events, finished = [], threading.Event()
+    engine = Engine(lambda e: (events.append(e), isinstance(e, Finished) and finished.set()), prompt_cache_file=path)
+    engine.start()
+    engine.load()
+    messages = [{"role": "user", "content": "When does the shop open?"}]
+    engine.generate(messages, Settings(DecodeOptions(temp=0.0), max_tokens=N))
+    assert finished.wait(120)
+    engine.shutdown()
+    [loaded] = [e for e in events if isinstance(e, Loaded)]
+    [done] = [e for e in events if isinstance(e, Finished)]
+    assert loaded.prefix == len(prefix) and done.stats.prompt_cached == len(prefix)
+    prompt = prefix + apply_chat_template(tokenizer, messages)
+    want = "".join(r.text for r in stream_generate(model, tokenizer, prompt, drafter, max_tokens=N))
+    assert "".join(e.text for e in events if isinstance(e, Token)) == want
+    with pytest.raises(SystemExit, match="saved for model 'default', not 'other'"):
+        main(["--prompt-cache-file", path, "--model", "other"])
