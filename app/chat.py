@@ -71,6 +71,7 @@ class ChatApp(SlashCommands, App):
         self.draft_vocab = draft_vocab
         self.settings = settings or Settings()
         self.system = system
+        self.prompt_cache_file = prompt_cache_file
         self._engine_factory = engine_factory or (
             lambda on_event: Engine(on_event, prompt_cache_file=prompt_cache_file)
         )
@@ -363,10 +364,6 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
         quantized_kv_start=args.quantized_kv_start,
     )
     settings = Settings(options, max_tokens=args.max_tokens, baseline=args.no_draft)
-    if args.prompt_cache_file is not None:  # refused now, in one line, if it is another model's
-        from dflash_mlx.cache import cache_ids, read_file
-
-        read_file(args.prompt_cache_file, *cache_ids(args.model, args.draft))
     return ChatApp(
         model=args.model,
         draft=args.draft,
@@ -377,9 +374,19 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
     )
 
 
+def check_prompt_cache(app: ChatApp) -> None:
+    """Refuse (a ValueError of one line) a prompt cache file that is not one, or is for
+    another target or drafter, before the app starts."""
+    if app.prompt_cache_file is not None:
+        from dflash_mlx.cache import cache_ids, read_file
+
+        read_file(app.prompt_cache_file, *cache_ids(app.model_path, app.draft_path))
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         app = app_from_args(argv)
+        check_prompt_cache(app)
     except OptionError as e:  # one line naming the flag, exit code 1
         sys.exit(f"dflash-chat: error: {e.named('--' + e.field.replace('_', '-'))}")
     except ValueError as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import json
+import os
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -207,6 +208,8 @@ def cache_ids(model: Optional[str], draft: Optional[str], no_draft: bool = False
 def read_file(path: str, model_id: str, draft_id: str) -> tuple[list, dict]:
     """The caches and metadata saved at `path`, after checking it is this format and
     belongs to this target and drafter (a ValueError of one line otherwise)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such prompt cache file")
     try:
         caches, metadata = load_prompt_cache(path, return_metadata=True)
     except Exception as exc:  # mlx raises plain exceptions for a file that is not safetensors
