@@ -21,9 +21,10 @@ maximises expected committed tokens per second:
   current choice is followed by another at once, so that a drafter that improves
   mid-answer is noticed within a few probes of the next one.
 
-Draft trees (`tree.py`) widen the choice: a `TreePolicy` weighs, beside plain steps and
-chains, trees of a few node budgets (`Width`: what one cycle verifies), with a tree's
-expected tokens calibrated against the walks seen so far and its cost by rows verified.
+Draft trees (`tree.py`) widen the choice: a `TreePolicy` makes the chain policy's choice,
+then puts a tree of a few node budgets (`Width`: what one cycle verifies) in its place
+where the tree's expected rate beats it (a tree's expected tokens calibrated against the
+walks seen so far, its cost measured), probing trees on a back-off schedule of their own.
 `CycleWidths` turns a policy's choice (or a fixed block / tree budget) into each cycle's
 width, within `max_tokens`.
 
@@ -223,19 +224,28 @@ def tree_prior(nodes: int) -> float:
 
 
 class TreePolicy(BlockSizePolicy):
-    """A `BlockSizePolicy` that also weighs draft trees of `trees` nodes (depth <= max_size - 1).
+    """A `BlockSizePolicy` whose chosen chain a draft tree of `trees` nodes (depth <= max_size
+    - 1) may replace: the chain decisions (estimates, probes) are exactly the chain policy's,
+    and a tree is an upgrade weighed against the chain chosen.
 
     Expected tokens of a tree of n nodes: a calibrated ratio r(n) times what the chain of
     min(n + 1, max_size) rows is expected to commit (the chain's acceptance estimates).
     r(n) starts at `tree_prior(n)` and follows the walks: decayed sums of committed tokens
-    over what the chain model expected at each walk (fading by `walk_memory` at every
-    drafted cycle), shrunk towards the prior by `calibration` pseudo-walks; sizes never
-    walked borrow the calibration (r / prior) of the nearest walked one. Cost: measured
-    per tree size; unmeasured ones from the line through every measured drafted cycle by
-    rows verified (a tree of n costs about what n + 1 chain rows do). Widths are ordered
-    by rows (a chain before a tree of as many); a probe tries the most promising other
-    tree or wider chain, and probes back off up to the interval at which they lose at
-    most `explore` of the expected rate."""
+    over what the chain model expected at each walk (fading by `walk_memory` at each walk
+    of that size: a ratio to the chain's estimates holds while the tree is not walked),
+    shrunk towards the prior by `calibration` pseudo-walks; sizes never walked borrow the
+    calibration (r / prior) of the nearest walked one. Cost: measured per tree size;
+    unmeasured ones from the line through every measured drafted cycle by rows verified
+    (a tree of n costs about what n + 1 chain rows do).
+
+    A tree replaces the chain only where its expected rate beats the chain's by `margin`
+    (rates within a few percent are noise, and a tree's rows are the dearer guess). Trees
+    are probed on their own schedule, never in a cycle the chain policy probes (nor does
+    the chain policy probe while a tree takes the chain's place): the most promising tree
+    other than the choice, or, while a tree is chosen, the chain (whose estimates would
+    otherwise not move: a tree's walk says nothing about the chain). A probe that pays
+    shortens the interval by `backoff` x, one that does not lengthens it by `backoff` x,
+    up to the interval at which probes lose at most `tree_explore` of the time."""
 
     def __init__(
         self,
@@ -244,14 +254,18 @@ class TreePolicy(BlockSizePolicy):
         trees: Sequence[int] = TREE_SIZES,
         calibration: float = 2.0,
         walk_memory: float = 0.97,
+        margin: float = 0.05,
+        tree_explore: float = 0.01,
         **kwargs,
     ):
         super().__init__(max_size, **kwargs)
         self.trees = sorted({n for n in trees if n >= 1}) if max_size > 1 else []
-        self.calibration, self.walk_memory = calibration, walk_memory
+        self.calibration, self.walk_memory, self.margin = calibration, walk_memory, margin
+        self.tree_explore = tree_explore
         self.walks = {n: [0.0, 0.0] for n in self.trees}  # decayed (tokens committed, chain model's expectation)
         self.tree_seconds: dict[int, float] = {}
-        self.width_probe: Optional[tuple[Width, Width]] = None  # (probed width, the width it challenged)
+        self.tree_wait, self.since_tree = 1, 0  # the trees' own probing schedule
+        self.tree_probe: Optional[tuple[Width, Width, float]] = None  # (probed, its rival, the rival's rate)
 
     def chain_expected(self, size: int) -> float:
         """Expected tokens a chain of `size` commits (1 for a plain step)."""
@@ -299,70 +313,63 @@ class TreePolicy(BlockSizePolicy):
         step = costs[last] - costs[last - 1] if last > 1 else costs[last] - costs[0]
         return costs[min(width.size, self.max_size) - 1] + max(step, 0.0) * max(width.size - self.max_size, 0)
 
-    def widths(self, limit: Optional[int] = None) -> list[Width]:
-        """The widths a cycle may take, by rows verified (a chain before a tree of as many)."""
-        top = min(self.max_size, limit or self.max_size)
-        out = [Width(b) for b in range(1, top + 1)] + ([Width(n + 1, True) for n in self.trees] if top > 1 else [])
-        return sorted(out)
+    def rate(self, width: Width, costs: Optional[list[float]] = None) -> float:
+        """Expected committed tokens per unit of cost of a cycle of `width`."""
+        return self.expected(width) / self.width_cost(width, costs or self.costs())
 
-    def width_rates(self, limit: Optional[int] = None) -> list[tuple[Width, float]]:
+    def tree_rates(self) -> list[tuple[float, Width]]:
+        """(expected rate, width) of each tree size, best first."""
         costs = self.costs()
-        return [(w, self.expected(w) / self.width_cost(w, costs)) for w in self.widths(limit)]
-
-    def best_width(self, limit: Optional[int] = None) -> Width:
-        """The width with the highest expected rate (the fewest rows among ties)."""
-        rates = self.width_rates(limit)
-        return max(rates, key=lambda wr: (wr[1], -wr[0].size))[0]
+        return sorted(((self.rate(Width(n + 1, True), costs), Width(n + 1, True)) for n in self.trees), reverse=True)
 
     def choose_width(self, limit: Optional[int] = None) -> Width:
-        rates = self.width_rates(limit)
-        best = max(rates, key=lambda wr: (wr[1], -wr[0].size))[0]
-        # any tree, or a wider chain (a narrower chain's acceptance is seen inside wider ones)
-        others = [wr for wr in rates if wr[0] != best and (wr[0].tree or wr[0] > best)]
-        self.since_probe += 1
-        if others and self.since_probe >= self.wait:  # the most promising other width
-            self.since_probe = 0
-            self.width_probe = (max(others, key=lambda wr: wr[1])[0], best)
-            return self.width_probe[0]
-        self.width_probe = None
-        return best
+        chain = Width(self.choose(limit))
+        self.tree_probe = None
+        if not self.trees or (limit is not None and limit < self.max_size):
+            return chain  # near the end of a generation: chains
+        best = Width(self.best(limit))
+        rates = sorted(self.tree_rates() + [(self.rate(best), best)], reverse=True)
+        if rates[0][1].tree and rates[0][0] > (1 + self.margin) * self.rate(best):
+            self.probe, choice = None, rates[0][1]  # a tree in the chain's place: a chain probe waits too
+        elif self.probe is not None:
+            return chain  # the chain policy's probe runs as it would alone
+        else:
+            choice = chain
+        # the most promising other tree, or under a tree the chain (its estimates stay fresh)
+        others = [w for _, w in rates if w != choice and (w.tree or choice.tree)]
+        self.since_tree += 1
+        if not others or self.since_tree < self.tree_wait:
+            return choice
+        self.since_tree = 0
+        self.tree_probe = (others[0], choice, self.rate(choice))
+        return others[0]
 
     def update_width(self, width: Width, accepted: int, seconds: float) -> None:
-        probe = self.width_probe if self.width_probe is not None and self.width_probe[0] == width else None
-        if probe is not None:
-            self.width_probe = None
-            costs = self.costs()
-            challenger = self.expected(probe[1]) / self.width_cost(probe[1], costs)
-        if width.size > 1:  # every size's walks fade at every drafted cycle (towards the prior)
-            for n in self.trees:
-                self.walks[n] = [self.walk_memory * x for x in self.walks[n]]
+        probe = self.tree_probe if self.tree_probe is not None and self.tree_probe[0] == width else None
+        self.tree_probe = None
         if width.tree:
             self._charge(self.tree_seconds, width.nodes, seconds)
-            base = self.chain_expected(min(width.size, self.max_size))
-            self.walks[width.nodes][0] += accepted + 1
-            self.walks[width.nodes][1] += base
+            done, base = self.walks[width.nodes]  # old walks fade as new ones come (only then)
+            expected = self.chain_expected(min(width.size, self.max_size))
+            self.walks[width.nodes] = [self.walk_memory * done + accepted + 1, self.walk_memory * base + expected]
         else:
-            self._charge(self.seconds, width.size, seconds)
-            self._learn(width.size, accepted)
+            self.update(width.size, accepted, seconds)
         if probe is not None:
-            self._settle(width, probe[1], accepted, challenger)
+            self._settle(width, probe[1], accepted, probe[2])
 
-    def _settle(self, width: Width, challenged: Width, accepted: int, challenger: float) -> None:
-        """After a probe of `width` against `challenged` (whose expected rate was `challenger`):
-        look again at once if the probe is now best, about as often if it paid, else
-        back off, up to the interval at which probes lose at most `explore` of the time
-        (a probe's loss counts the tokens too: a chain can commit less than a tree)."""
+    def _settle(self, width: Width, rival: Width, accepted: int, rival_rate: float) -> None:
+        """After a probe of `width` (a tree, or the chain under a tree) against `rival` (whose expected rate was
+        `rival_rate`): shorten the interval if it paid, else back off, up to the interval at
+        which tree probes lose at most `explore` of the time (a probe's loss counts the
+        tokens too: a chain can commit less than a tree)."""
         costs = self.costs()
         cost = self.width_cost(width, costs)
-        if self.best_width() == width:  # the probe is best now: look on at once
-            self.wait = 1
-        elif (accepted + 1) / cost > challenger:
-            self.wait = max(1, self.wait // self.backoff)
-        else:
-            # time a probe loses: its cost less what the best width needs for its tokens
-            best_cost = self.width_cost(challenged, costs)
-            lost = max(0.0, cost - self.expected(width) * best_cost / self.expected(challenged))
-            self.wait = min(self.backoff * self.wait, max(1, math.ceil(lost / (self.explore * best_cost))))
+        if (accepted + 1) / cost > rival_rate:
+            self.tree_wait = max(1, self.tree_wait // self.backoff)
+            return
+        rival_cost = self.width_cost(rival, costs)
+        lost = max(0.0, cost - self.expected(width) * rival_cost / self.expected(rival))
+        self.tree_wait = min(self.backoff * self.tree_wait, max(1, math.ceil(lost / (self.tree_explore * rival_cost))))
 
 
 @dataclass

@@ -5,6 +5,7 @@ cost on a CPU-shaped curve. The policy sees only what the loop would show it."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -35,23 +36,57 @@ def stream(policy, chain_accept: float, tree_accept, cycles: int, seed: int = 0,
     return out
 
 
+class Fixed:
+    """Every cycle the same width."""
+
+    def __init__(self, width: Width):
+        self.width = width
+
+    def choose_width(self) -> Width:
+        return self.width
+
+    def update_width(self, width: Width, accepted: int, seconds: float) -> None:
+        pass
+
+
 def rate(cycles, cost=rows_cost) -> float:
     return sum(a + 1 for _, a in cycles) / sum(cost(w) for w, _ in cycles)
 
 
-def test_widths_are_ordered_by_rows_and_capped():
-    policy = TreePolicy(B, trees=(4, 16))
-    assert policy.widths() == sorted(policy.widths())
-    assert [str(w) for w in policy.widths(3)] == ["plain", "chain 2", "chain 3", "tree 4", "tree 16"]
-    assert [str(w) for w in policy.widths(1)] == ["plain"]
-    assert Width(17, True).nodes == 16 and str(Width(1)) == "plain"
+def test_width_names_and_limits():
+    assert Width(17, True).nodes == 16 and str(Width(17, True)) == "tree 16"
+    assert str(Width(1)) == "plain" and str(Width(3)) == "chain 3"
     assert BlockSizePolicy(B).choose_width() in [Width(b) for b in range(1, B + 1)]
+    policy = TreePolicy(B)
+    for _ in range(30):  # one token left: a plain step, never a tree
+        assert policy.choose_width(1) == Width(1)
+        policy.update_width(Width(1), 0, 1.0)
+
+
+def test_chain_choices_are_the_chain_policys():
+    """Where it neither chooses nor probes a tree, a `TreePolicy` makes exactly the chain
+    policy's choice (its probes included): a chain policy fed the same chain cycles agrees
+    cycle by cycle."""
+    trees, chains, rng = TreePolicy(B), BlockSizePolicy(B), random.Random(7)
+    agreed = 0
+    for _ in range(400):
+        w, b = trees.choose_width(), chains.choose()
+        if not w.tree and trees.tree_probe is None:  # the chain policy's own choice
+            assert w == Width(b)
+            agreed += 1
+        else:  # a tree took its place (or probes the trees' schedule): its probe waits
+            chains.probe = None
+        a = 0
+        while a < min(w.size, B) - 1 and rng.random() < 0.3:
+            a += 1
+        trees.update_width(w, a, cpu_cost(w))
+        if not w.tree:
+            chains.update(w.size, a, cpu_cost(w))
+    assert agreed >= 300
 
 
 def test_trees_that_pay_are_chosen():
     """Chain acceptance 0.6; a tree of n nodes accepts each depth at 0.6 + 0.05 log2 n."""
-    import math
-
     policy = TreePolicy(B)
     cycles = stream(policy, 0.6, lambda n: min(0.95, 0.6 + 0.05 * math.log2(n)), 600)
     kinds = Counter(str(w) for w, _ in cycles[-300:])
@@ -76,6 +111,54 @@ def test_trees_that_do_not_pay_are_left():
     assert sum(c for k, c in kinds.items() if k.startswith("tree")) <= 45, kinds
     chain_only = stream(BlockSizePolicy(B), 0.7, None, 600, seed=1, cost=cost)
     assert rate(cycles[-300:], cost) >= 0.95 * rate(chain_only[-300:], cost)
+
+
+#: T(n) / T(1), a verify of n rows on the 2-core CPU (BENCHMARKS.md, `dflash bench --verify-cost`).
+CPU_ROWS = {1: 1.0, 2: 1.02, 3: 1.18, 4: 1.33, 5: 1.38, 8: 1.49, 9: 1.55, 16: 1.87, 17: 2.14, 32: 2.61, 33: 2.65}
+
+
+def cpu_cost(width: Width) -> float:
+    """A cycle on the CPU: its rows' verify (interpolated in `CPU_ROWS`) plus a tenth of a
+    step for the drafter (6 of 68 ms) where it drafts."""
+    if width.size == 1:
+        return 1.0
+    below = max(n for n in CPU_ROWS if n <= width.size)
+    above = min(n for n in CPU_ROWS if n >= width.size)
+    share = (width.size - below) / (above - below) if above > below else 0.0
+    return CPU_ROWS[below] + share * (CPU_ROWS[above] - CPU_ROWS[below]) + 0.1
+
+
+def gpu_cost(width: Width) -> float:
+    """An Apple GPU: a verify of up to 64 rows costs about what one row does."""
+    return 1.0 if width.size == 1 else 1.1 + 0.002 * width.size
+
+
+def chat_tree(nodes: int) -> float:
+    """Chat-like: the chain accepts each draft at 0.3 (tau 1.43 at B = 8), a tree of 16
+    nodes each depth at 0.46 (tau 1.84), log-linear in the nodes between."""
+    return 0.3 + 0.04 * math.log2(nodes)
+
+
+def long_run(policy_of, cost, seeds=range(3), cycles=1500) -> float:
+    """The mean rate over seeds of fresh policies on the chat-like stream."""
+    return sum(rate(stream(policy_of(), 0.3, chat_tree, cycles, seed, cost), cost) for seed in seeds) / len(seeds)
+
+
+def test_on_a_cpu_trees_cost_almost_nothing():
+    """CPU-like costs, chat-like acceptance: trees do not pay (a fixed tree of 4 is slower
+    than the chain policy), and weighing them loses at most 2% against the chain policy."""
+    chains = long_run(lambda: BlockSizePolicy(B), cpu_cost)
+    assert long_run(lambda: TreePolicy(B), cpu_cost) >= 0.98 * chains
+    assert rate(stream(Fixed(Width(5, True)), 0.3, chat_tree, 1500, cost=cpu_cost), cpu_cost) < chains
+
+
+def test_on_a_gpu_trees_are_chosen_and_win():
+    """GPU-like flat costs, the same acceptance: the policy settles on trees and beats the
+    chain policy by far (its best chain is B: more rows cost nothing, but trees commit more)."""
+    policy = TreePolicy(B)
+    cycles = stream(policy, 0.3, chat_tree, 1500, cost=gpu_cost)
+    assert sum(w.tree for w, _ in cycles[-500:]) >= 400
+    assert long_run(lambda: TreePolicy(B), gpu_cost) >= 1.15 * long_run(lambda: BlockSizePolicy(B), gpu_cost)
 
 
 def test_nothing_accepted_settles_on_plain_steps():
