@@ -97,6 +97,12 @@ class BlockSizePolicy:
         self.reach = 1  # how far past the best size the next probe looks
         self.probe: Optional[tuple[int, int]] = None  # (probed size, the size it challenged)
 
+    def start(self) -> None:
+        """A new generation begins: probe at its first cycle (a new prompt may suit the
+        drafter better than the last answer did, and a backed-off schedule would take up
+        to 1 / `explore` cycles to find out, as at a math prompt after code ones)."""
+        self.wait = 1
+
     def acceptance(self, k: int) -> float:
         """Estimated P(draft k accepted | drafts before it accepted), k >= 1, with one
         pseudo-trial of prior: `prior`, or the estimate of draft k - 1 where that is lower

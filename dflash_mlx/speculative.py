@@ -157,6 +157,7 @@ def _setup(
     trees = draft_model is not None and options.tree_budget != 0 and target.supports_trees(cache.target)
     if options.adaptive(draft_model) and not (trees and options.tree_budget):
         policy = cache.policy = policy or cache.policy or (TreePolicy(limit) if trees else BlockSizePolicy(limit))
+        policy.start()
     else:
         policy = None
     full_blocks = policy is not None

@@ -188,3 +188,13 @@ def test_bad_arguments():
         BlockSizePolicy(0)
     with pytest.raises(ValueError):
         BlockSizePolicy(4, cost_model=[1.0, 2.0])
+
+
+def test_a_new_generation_probes_at_once():
+    """After a long run of plain steps the probes have backed off; `start` (a new prompt)
+    brings the next probe forward to the first cycle."""
+    policy = BlockSizePolicy(8)
+    run(policy, lambda c, k: 0.0, cpu_cost, 300, random.Random(8))
+    assert policy.wait > 4
+    policy.start()
+    assert policy.choose() == 2 and policy.probe == (2, 1)
