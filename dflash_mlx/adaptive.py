@@ -364,10 +364,10 @@ class TreePolicy(BlockSizePolicy):
             self._settle(width, probe[1], accepted, probe[2])
 
     def _settle(self, width: Width, rival: Width, accepted: int, rival_rate: float) -> None:
-        """After a probe of `width` (a tree, or the chain under a tree) against `rival` (whose expected rate was
-        `rival_rate`): shorten the interval if it paid, else back off, up to the interval at
-        which tree probes lose at most `explore` of the time (a probe's loss counts the
-        tokens too: a chain can commit less than a tree)."""
+        """After a probe of `width` (a tree, or the chain under a tree) against `rival`
+        (whose expected rate was `rival_rate`): shorten the interval if it paid, else back
+        off, up to the interval at which probes lose at most `tree_explore` of the time (a
+        probe's loss counts the tokens too: a chain can commit less than a tree)."""
         costs = self.costs()
         cost = self.width_cost(width, costs)
         if (accepted + 1) / cost > rival_rate:
