@@ -7,7 +7,7 @@ token for token.
 
 Ours runs with the options given (adaptive block size by default), and once more per
 fixed block size and per fixed tree budget asked for (with tree budgets and an adaptive
-block size, also with the chain-only policy, `tree_budget=0`, beside the default that weighs trees); each row says
+block size, also with the `TreePolicy`, which weighs trees per cycle); each row says
 what its cycles verified (widths) and how many draft nodes per cycle. Prompts of several kinds (the `set`
 of a prompt file's records) get a table per kind too.
 """
@@ -319,9 +319,9 @@ def _methods(
         chunks, seconds, *_ = _clock(stream, lambda r: [r.token])
         return chunks, seconds, 0, 0
 
-    def ours(options: DecodeOptions, drafter=drafter) -> Callable:
+    def ours(options: DecodeOptions, drafter=drafter, trees: bool = False) -> Callable:
         adaptive = options.adaptive(drafter) and not options.tree_budget
-        policy = make_policy(model, drafter, options.tree_budget is None) if adaptive else None
+        policy = make_policy(model, drafter, trees) if adaptive else None
 
         def run(prompt):
             stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)
@@ -337,8 +337,8 @@ def _methods(
         if size != options.block_size and 2 <= size <= drafter.config.block_size:
             methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))
     block = options.block_limit(drafter)
-    if fixed_trees and options.adaptive(drafter) and options.tree_budget is None:  # the chain-only policy
-        methods["dflash-mlx adaptive, chains"] = ours(replace(options, tree_budget=0))
+    if fixed_trees and options.adaptive(drafter) and options.tree_budget is None:  # the policy that weighs trees too
+        methods["dflash-mlx adaptive + trees"] = ours(options, trees=True)
     for budget in fixed_trees:
         name = f"dflash-mlx B={block} " + (f"tree {budget}" if budget else "chain")
         methods[name] = ours(replace(options, block_size=block, tree_budget=budget))

@@ -17,10 +17,10 @@ and the tokens the caches hold, are `cycles.Cycles`'.
 `DecodeOptions.tree_budget=N` verifies a draft tree of up to N nodes instead of a chain
 (`tree.py`, DDTree) on targets whose family and caches allow it (plain attention
 decoders: llama, mistral, qwen2, qwen3, qwen3_moe; hybrid and sliding-window targets
-keep the chain). With an adaptive block size (`tree_budget=None`) a `TreePolicy` chooses
-per cycle between a plain step, a chain of b and a tree of n nodes on those targets (the
-chain policy's choices, a tree where it is expected to beat that chain's rate, BENCHMARKS.md);
-`tree_budget=0`: chains only, whatever the policy.
+keep the chain). With an adaptive block size, a `TreePolicy` passed as `policy` chooses
+per cycle between a plain step, a chain of b and a tree of n nodes (opt-in: on a CPU it
+is still behind the chain policy, BENCHMARKS.md); `tree_budget=0`: chains only,
+whatever the policy.
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ def _setup(
     cache.bound_drafter(options)
     trees = draft_model is not None and options.tree_budget != 0 and target.supports_trees(cache.target)
     if options.adaptive(draft_model) and not (trees and options.tree_budget):
-        policy = cache.policy = policy or cache.policy or (TreePolicy(limit) if trees else BlockSizePolicy(limit))
+        # trees only through a `TreePolicy` passed in: measured on a CPU, the chain policy is faster
+        policy = cache.policy = policy or cache.policy or BlockSizePolicy(limit)
         policy.start()
     else:
         policy = None
@@ -164,10 +165,10 @@ def _setup(
     return Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks), policy, trees
 
 
-def make_policy(model: nn.Module, draft_model: Drafter, trees: bool = True) -> BlockSizePolicy:
-    """A fresh adaptive policy to carry across calls (`policy=`), the one the loop makes by
-    default: a `TreePolicy` (plain steps, chains and draft trees) where the target has
-    trees and `trees` is set, else the chain-only `BlockSizePolicy` (for `tree_budget=0`)."""
+def make_policy(model: nn.Module, draft_model: Drafter, trees: bool = False) -> BlockSizePolicy:
+    """A fresh adaptive policy to carry across calls (`policy=`): with `trees`, a
+    `TreePolicy` (plain steps, chains and draft trees) where the target has trees, else the
+    chain-only `BlockSizePolicy` the loop makes by default."""
     B = draft_model.config.block_size
     trees = trees and make_target(model).supports_trees(make_target_cache(model))
     return TreePolicy(B) if trees else BlockSizePolicy(B)
