@@ -43,7 +43,7 @@ def test_good_values_pass_and_keywords_build_on_options():
     assert DecodeOptions.of() == DecodeOptions()
     with pytest.raises(TypeError, match="max_token"):
         DecodeOptions.of(max_token=3)
-    assert base.sampling.temp == 0.7 and base.sampling.top_k == 50
+    assert base.sampling().temp == 0.7 and base.sampling().top_k == 50
 
 
 def test_the_block_size_is_resolved_against_the_drafter():
