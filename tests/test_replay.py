@@ -17,6 +17,7 @@ from dflash_mlx.loading import DEFAULT_DRAFT_DIR, load_draft
 from dflash_mlx.messages import apply_chat_template, read_prompt_file
 from dflash_mlx.options import DecodeOptions
 from dflash_mlx.speculative import stream_generate
+from dflash_mlx.targets import make_target
 from dflash_mlx.train.replay import greedy_answers, references, replay_lengths, replay_tau
 
 
@@ -42,12 +43,13 @@ def test_replay_matches_decoding(pair, tmp_path):
     refs = references(
         model, tokenizer, prompts, drafter.config.target_layer_ids, max_tokens=max_tokens, block_size=8, answers=answers
     )
+    target = make_target(model, drafter.config.target_layer_ids)
     finishes = set()
     for block in (8, 3):
         for prompt, ref in zip(prompts, refs):
             expected, finish = decoded_lengths(model, tokenizer, drafter, prompt, max_tokens, block)
             finishes.add(finish)
-            assert replay_lengths(drafter, model, ref, max_tokens, block) == expected, (prompt["set"], block)
+            assert replay_lengths(drafter, target, ref, max_tokens, block) == expected, (prompt["set"], block)
     assert finishes == {"stop", "length"}  # both ends of an answer are covered
     res = replay_tau(drafter, model, refs, max_tokens=max_tokens, block_size=8)
     assert set(res) == {"math", "code", "chat", "short", "all"}

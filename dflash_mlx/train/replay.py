@@ -27,6 +27,7 @@ from ..cache import PromptCache
 from ..drafter import Drafter
 from ..messages import apply_chat_template
 from ..sampling import SamplingParams
+from ..target import Target
 from ..speculative import generate_step
 from ..targets import make_target
 from .evaluate import summarize
@@ -86,11 +87,10 @@ def references(
     return out
 
 
-def replay_lengths(drafter: Drafter, model: Any, ref: Reference, max_tokens: int, block_size: int) -> list[int]:
+def replay_lengths(drafter: Drafter, target: Target, ref: Reference, max_tokens: int, block_size: int) -> list[int]:
     """Tokens committed per cycle when `drafter` decodes `ref`'s prompt greedily with a
     fixed block of `block_size` (at most the size `ref` was made for)."""
-    target = make_target(model, drafter.config.target_layer_ids)
-    cache = PromptCache(model, drafter).draft
+    cache = PromptCache(target.model, drafter).draft
     drafter.append_context(ref.features[:, : ref.prompt_len], cache)
     mask, draws = drafter.config.mask_token_id, SamplingParams().draws(0)
     n, produced, lengths = 0, 1, []  # n: index in ref.tokens of the last committed token
@@ -112,8 +112,9 @@ def replay_tau(
 ) -> dict[str, dict]:
     """Greedy tau of `drafter` on `refs`, per prompt kind and "all", as `evaluate` reports it."""
     per: dict[str, list[int]] = {}
+    target = make_target(model, drafter.config.target_layer_ids)  # one adapter for every replay
     for ref in refs:
-        lengths = replay_lengths(drafter, model, ref, max_tokens, block_size)
+        lengths = replay_lengths(drafter, target, ref, max_tokens, block_size)
         for key in (ref.kind, "all"):
             per.setdefault(key, []).extend(lengths)
     return {key: summarize(lengths, block_size) for key, lengths in per.items()}
