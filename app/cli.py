@@ -390,11 +390,15 @@ def serve(
     no_kernels: bool = typer.Option(
         False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
     ),
+    sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP + " Rank 0 alone listens."),
     kv_bits: Optional[int] = KV_BITS,
     kv_group_size: int = KV_GROUP,
     quantized_kv_start: int = KV_START,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
+    from dflash_mlx.distributed import choose_sharding, world_size
+
+    from .serve_ranks import Ranks, follow
     from .serve_worker import Worker
     from .server import run_server
 
@@ -408,10 +412,22 @@ def serve(
     )
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+    sharding = choose_sharding(sharding)
+    ranks = Ranks() if world_size() > 1 else None
     worker = Worker(
-        model, draft, options=options, default_max_tokens=max_tokens, no_draft=no_draft, draft_vocab=draft_vocab
+        model,
+        draft,
+        options=options,
+        default_max_tokens=max_tokens,
+        no_draft=no_draft,
+        draft_vocab=draft_vocab,
+        sharding=sharding,
+        ranks=ranks,
     )
-    run_server(worker, host, port)
+    if ranks is None or ranks.leader:
+        run_server(worker, host, port)
+    else:  # under mlx.launch: run what rank 0's server receives
+        follow(worker)
     # Stopped cleanly. MLX can abort in interpreter teardown while arrays of the ended
     # worker thread are freed ("terminate called without an active exception"), more
     # often on a loaded machine: leave without the teardown.

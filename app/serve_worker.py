@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from app.api import CompletionRequest, ModelInfo, TokenLogprob
 from app.worker import Failed, ModelThread, describe_error
@@ -39,6 +39,9 @@ from dflash_mlx.cycles import PREFILL_STEP
 from dflash_mlx.options import DecodeOptions
 
 import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
+
+if TYPE_CHECKING:
+    from app.serve_ranks import Ranks
 
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker"]
 
@@ -185,6 +188,9 @@ class Worker(ModelThread):
         no_draft: decode with the target alone.
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
         log: where prefill progress lines go (default: stderr).
+        sharding: load the target sharded over the ranks of `mlx.launch` (`dflash_mlx.load`).
+        ranks: under `mlx.launch`, the other ranks (`serve_ranks.Ranks`): rank 0's worker
+            sends them each request; a follower's runs what they receive.
     """
 
     def __init__(
@@ -199,9 +205,12 @@ class Worker(ModelThread):
         no_draft: bool = False,
         draft_vocab: Optional[str] = None,
         log: Optional[Callable[[str], None]] = None,
+        sharding: Optional[str] = None,
+        ranks: Optional[Ranks] = None,
     ):
         super().__init__("dflash-serve", max_queue=max_queue)
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.sharding, self.ranks = sharding, ranks
         self.model_ref, self.draft_ref, self.no_draft, self.draft_vocab = model, draft, no_draft, draft_vocab
         self.options, self.default_max_tokens, self.cache_slots = options, default_max_tokens, cache_slots
         self.info: Optional[ModelInfo] = None
@@ -255,6 +264,11 @@ class Worker(ModelThread):
         finally:
             self.ready.set()
 
+    def load_target(self, ref: Optional[str]) -> tuple[Any, Any]:
+        if self.sharding is None:
+            return super().load_target(ref)
+        return self.backend.load(ref, sharding=self.sharding)
+
     def _load(self) -> None:
         self.model, self.tokenizer = self.load_target(self.model_ref)
         if not self.no_draft:
@@ -282,6 +296,8 @@ class Worker(ModelThread):
         job.emit(Failed(message))
 
     def forget(self) -> None:
+        if self.ranks is not None and self.ranks.leader and self.info is not None:
+            self.ranks.send(None)  # the thread is ending: so do the followers
         super().forget()
         self.pool = None
 
@@ -299,7 +315,7 @@ class Worker(ModelThread):
             done = Done("cancelled")
             job.emit(done)
             return done
-        req, cache = job.request, self.pool.take(job.request.prompt)
+        req, cache, options = job.request, self.pool.take(job.request.prompt), self._options(job.request)
         tokens, text, eos = [], [], self.tokenizer.eos_token_ids
 
         def delta(response: Any) -> None:
@@ -313,15 +329,18 @@ class Worker(ModelThread):
             if response.text or entry:
                 job.emit(Delta(response.text, entry))
 
+        cancelled, on_response = job.cancelled.is_set, delta
+        if self.ranks is not None:  # every rank decodes it; they stop together
+            cancelled, on_response = self.ranks.run(req, options, cancelled, delta)
         last, reason = self.decode(
             req.prompt,
             self.draft,
-            self._options(req),
+            options,
             cache,
             max_tokens=req.max_tokens,
             stop=req.stop,
-            cancelled=job.cancelled.is_set,
-            on_response=delta,
+            cancelled=cancelled,
+            on_response=on_response,
             drop_cache=lambda: self.pool.drop(cache),
             on_prefill=self._progress(),
         )

@@ -2,7 +2,8 @@
 on loopback, as on several Macs. Tensor parallel over 3 ranks (SmolLM2: 9 heads, 3 KV
 heads) prints mlx-lm's own greedy text; tiny random qwen3 / qwen3_5 targets over 2 ranks
 give single-process DFlash's seeded samples and, under pipeline parallel, the same captured
-features though the captured layers live on different ranks. Run as a script under
+features though the captured layers live on different ranks; `dflash serve` over 3 ranks
+answers as one process does and stops cleanly. Run as a script under
 `mlx.launch`, this file is the worker (rank 0 prints one JSON line)."""
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
@@ -24,9 +27,9 @@ PROMPT = "Tell me a story"
 VOCAB = 49152  # the default model's tokenizer
 
 
-def launch(ranks: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run `args` on `ranks` local processes with mlx.launch (ring backend on loopback); the
-    whole process group is killed if it outlives `timeout`."""
+def start(ranks: int, *args: str, **streams) -> subprocess.Popen:
+    """Start `args` on `ranks` local processes with mlx.launch (ring backend on loopback), in
+    a process group of their own; `streams`: stdout and stderr (default: pipes)."""
     bindir = Path(sys.executable).parent
     launcher = shutil.which("mlx.launch", path=str(bindir))
     if launcher is None:
@@ -34,9 +37,15 @@ def launch(ranks: int, *args: str, timeout: float = 240) -> subprocess.Completed
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=path)
     command = [launcher, "-n", str(ranks), "--backend", "ring", sys.executable, *args]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True
-    )
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **streams}
+    return subprocess.Popen(command, text=True, env=env, cwd=ROOT, start_new_session=True, **streams)
+
+
+def launch(ranks: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run `args` as `start` does and wait; the whole process group is killed if it
+    outlives `timeout`."""
+    proc = start(ranks, *args)
+    command = proc.args
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -46,8 +55,11 @@ def launch(ranks: int, *args: str, timeout: float = 240) -> subprocess.Completed
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+CLI = ("-c", "from app.cli import main; main()")
+
+
 def cli(ranks: int, *args: str) -> subprocess.CompletedProcess:
-    return launch(ranks, "-c", "from app.cli import main; main()", *args)
+    return launch(ranks, *CLI, *args)
 
 
 def worker(ranks: int, *args: str) -> dict:
@@ -67,6 +79,76 @@ def test_tensor_parallel_three_ranks_prints_mlx_lms_text(default_model_dir):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     assert proc.stdout == mlx_lm.generate(model, tokenizer, prompt, max_tokens=4) + "\n"
     assert proc.stderr.count("Acceptance: tau") == 1  # the followers print nothing
+
+
+def test_serve_three_ranks_answers_as_one_process(default_model_dir, tmp_path):
+    """Rank 0 serves, ranks 1 and 2 follow: greedy text is mlx-lm's, a seeded sample is
+    single-process DFlash's, a stream after a cancelled one is the greedy text again (the
+    ranks stopped together and reuse the same caches), and Ctrl-C stops every rank cleanly."""
+    import mlx_lm
+    import openai
+
+    from dflash_mlx import load_draft, stream_generate
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "serve.log"
+    with open(log, "w") as err:
+        proc = start(3, *CLI, "serve", "--port", str(port), stdout=subprocess.DEVNULL, stderr=err)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": PROMPT}]
+    try:
+        wait_for_health(proc, port, log)
+
+        def ask(max_tokens: int = 4, **kwargs):
+            return client.chat.completions.create(model="default", messages=messages, max_tokens=max_tokens, **kwargs)
+
+        greedy = ask(temperature=0).choices[0].message.content
+        sampled = ask(temperature=1.0, seed=3).choices[0].message.content
+        left = ask(500, temperature=1.0, stream=True)  # a client gone after its first chunks stops every rank
+        next(left), next(left)
+        left.close()
+        streamed = "".join(c.choices[0].delta.content or "" for c in ask(temperature=0, stream=True) if c.choices)
+    finally:
+        interrupt_ranks(proc)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the ranks did not stop: {log.read_text()[-2000:]}")
+    text = log.read_text()
+    assert "error" not in text.lower() and "WARN" not in text, text[-2000:]  # mlx.launch warns of a rank's exit code
+    assert proc.returncode == 0 and text.count("Finished server process") == 1  # rank 0 alone served
+    model, tokenizer = mlx_lm.load(str(default_model_dir))
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert greedy == streamed == mlx_lm.generate(model, tokenizer, prompt, max_tokens=4)
+    one = stream_generate(model, tokenizer, prompt, load_draft(None, model=model), temp=1.0, seed=3, max_tokens=4)
+    assert sampled == "".join(r.text for r in one)
+
+
+def interrupt_ranks(proc: subprocess.Popen) -> None:
+    """Ctrl-C as a terminal sends it to every process of the launch, but the launcher (its
+    main thread dies of it in mlx 0.32 and then relays no more output)."""
+    group = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    for pid in {int(p) for p in group} - {proc.pid}:
+        os.kill(pid, signal.SIGINT)
+
+
+def wait_for_health(proc: subprocess.Popen, port: int, log: Path, seconds: float = 240) -> None:
+    """Wait until the server on `port` says it is ready."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"the server did not come up: {log.read_text()[-2000:]}")
 
 
 @pytest.mark.parametrize("family, sharding", [("qwen3", "tensor"), ("qwen3_5", "pipeline")])
