@@ -77,7 +77,7 @@ def test_tensor_parallel_three_ranks_prints_mlx_lms_text(default_model_dir):
     assert "error" not in proc.stderr, proc.stderr[-2000:]
     model, tokenizer = mlx_lm.load(str(default_model_dir))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
-    assert proc.stdout == mlx_lm.generate(model, tokenizer, prompt, max_tokens=4) + "\n"
+    assert proc.stdout == mlx_lm.generate(model, tokenizer, prompt, max_tokens=32) + "\n"
     assert proc.stderr.count("Acceptance: tau") == 1  # the followers print nothing
 
 
@@ -101,7 +101,7 @@ def test_serve_three_ranks_answers_as_one_process(default_model_dir, tmp_path):
     try:
         wait_for_health(proc, port, log)
 
-        def ask(max_tokens: int = 4, **kwargs):
+        def ask(max_tokens: int = 32, **kwargs):
             return client.chat.completions.create(model="default", messages=messages, max_tokens=max_tokens, **kwargs)
 
         greedy = ask(temperature=0).choices[0].message.content
@@ -122,8 +122,8 @@ def test_serve_three_ranks_answers_as_one_process(default_model_dir, tmp_path):
     assert proc.returncode == 0 and text.count("Finished server process") == 1  # rank 0 alone served
     model, tokenizer = mlx_lm.load(str(default_model_dir))
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    assert greedy == streamed == mlx_lm.generate(model, tokenizer, prompt, max_tokens=4)
-    one = stream_generate(model, tokenizer, prompt, load_draft(None, model=model), temp=1.0, seed=3, max_tokens=4)
+    assert greedy == streamed == mlx_lm.generate(model, tokenizer, prompt, max_tokens=32)
+    one = stream_generate(model, tokenizer, prompt, load_draft(None, model=model), temp=1.0, seed=3, max_tokens=32)
     assert sampled == "".join(r.text for r in one)
 
 
