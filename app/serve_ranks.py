@@ -27,8 +27,7 @@ from dataclasses import asdict
 from typing import Any, Callable, Optional
 
 from app.api import CompletionRequest
-from app.serve_worker import Job, Worker
-from app.worker import describe_error
+from app.serve_worker import Failed, Job, Worker
 from dflash_mlx.distributed import here, is_leader
 from dflash_mlx.options import DecodeOptions
 
@@ -71,6 +70,12 @@ class Ranks:
         options = DecodeOptions(**message.pop("options"))
         return CompletionRequest(chat=False, options=options, **message)
 
+    def next_job(self, worker: Worker) -> Optional[Job]:
+        """On a follower's worker thread: rank 0's next request as a job (None: stop, or the
+        model did not load here)."""
+        req = self.receive() if worker.info is not None else None
+        return None if req is None else _Silent(req, None)
+
     def run(
         self,
         req: CompletionRequest,
@@ -100,25 +105,21 @@ class Ranks:
 
 
 class _Silent(Job):
-    """A follower's job: its output goes nowhere."""
+    """A follower's job: its output goes nowhere but a failure, printed as rank 0's is sent."""
 
     def emit(self, event: Any) -> None:
-        pass
+        if isinstance(event, Failed):
+            print(f"error: {here()}: {event.message}", file=sys.stderr)
 
 
 def follow(worker: Worker) -> None:
-    """A follower's life: load the model (as rank 0 does, sharded), then run every request
-    rank 0 sends, on this thread, until rank 0 says stop. Ctrl-C and SIGTERM are rank 0's
-    to act on (a terminal sends them to every process of the launch); rank 0 then stops us."""
+    """A follower's life: on the worker's thread, as rank 0's, load the model (sharded) and
+    run every request rank 0 sends until rank 0 says stop (`Ranks.next_job`). Ctrl-C and
+    SIGTERM are rank 0's to act on (a terminal sends them to every process of the launch);
+    rank 0 then stops us."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    worker.setup()
+    worker.start_thread()
+    worker.join_thread()
     if worker.info is None:
         raise RuntimeError(worker.load_error)
-    while (req := worker.ranks.receive()) is not None:
-        job = _Silent(req, None)
-        try:
-            worker.handle(job)
-        except Exception as exc:  # as rank 0's worker thread does: report it, go on
-            print(f"error: {here()}: {describe_error(exc)}", file=sys.stderr)
-    worker.forget()

@@ -291,6 +291,11 @@ class Worker(ModelThread):
             self.running = None
             self.served += 1
 
+    def next_item(self) -> Optional[Job]:
+        if self.ranks is None or self.ranks.leader:
+            return super().next_item()
+        return self.ranks.next_job(self)  # a follower runs rank 0's requests
+
     def failed(self, job: Job, message: str) -> None:
         self.metrics.finished["failed"] += 1
         job.emit(Failed(message))

@@ -72,6 +72,10 @@ class ModelThread:
     def start_thread(self) -> None:
         self._thread.start()
 
+    def join_thread(self) -> None:
+        """Wait for the thread to end by itself (`next_item` returned None)."""
+        self._thread.join()
+
     def stop_thread(self, timeout: float) -> None:
         """Let the thread finish its item, end it, and wait up to `timeout` seconds."""
         self.inbox.put(None)
@@ -96,13 +100,17 @@ class ModelThread:
         """Report that `item` failed (`message`: one line)."""
         raise NotImplementedError
 
+    def next_item(self) -> Any:
+        """The next item to handle, None to end the thread (by default: from the inbox)."""
+        return self.inbox.get()
+
     def forget(self) -> None:
         """Drop every MLX object the thread holds (it is ending)."""
         self.model = self.tokenizer = self.draft = None
 
     def _run(self) -> None:
         self.setup()
-        while (item := self.inbox.get()) is not None:
+        while (item := self.next_item()) is not None:
             try:
                 self.handle(item)
             except Exception as exc:  # never let the thread die
