@@ -423,6 +423,7 @@ def serve(
         draft_vocab=draft_vocab,
         sharding=sharding,
         ranks=ranks,
+        log=None if ranks is None or ranks.leader else lambda line: None,  # rank 0 logs for all
     )
     if ranks is None or ranks.leader:
         run_server(worker, host, port)
