@@ -163,7 +163,7 @@ def draft_milliseconds(model, drafter, context: int = 256, repeats: int = 20) ->
     target, B = make_target(model), drafter.config.block_size
     cache = drafter.make_cache()
     width = len(drafter.config.target_layer_ids) * target.hidden_size
-    drafter.append_context(mx.random.normal((1, context, width), dtype=drafter.fc.weight.dtype), cache)
+    drafter.append_context(mx.random.normal((1, context, width), dtype=drafter.norm.weight.dtype), cache)
     block = mx.array([[0] + [drafter.config.mask_token_id] * (B - 1)])
     times = []
     for _ in range(repeats + 1):

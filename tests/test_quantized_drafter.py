@@ -19,6 +19,7 @@ import mlx_lm
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from app.bench import draft_milliseconds
 from converters.convert import convert_drafter
 from converters.options import ConvertOptions
 from dflash_mlx import load_draft, stream_generate
@@ -48,6 +49,7 @@ def test_quantized_drafter_is_lossless(default_model, tmp_path, bits):
     ref = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)]
     got = [r.token for r in stream_generate(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS)]
     assert got == ref
+    assert draft_milliseconds(model, drafter, context=16, repeats=2) > 0  # `dflash bench` times it too
 
 
 @pytest.fixture(scope="module")
