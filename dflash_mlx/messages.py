@@ -12,7 +12,14 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["HELDOUT_SETS", "apply_chat_template", "read_prompt_file", "read_prompt_sources", "user_messages"]
+__all__ = [
+    "HELDOUT_SETS",
+    "apply_chat_template",
+    "prompt_kind",
+    "read_prompt_file",
+    "read_prompt_sources",
+    "user_messages",
+]
 
 #: Names of the shipped held-out prompt sets (``assets/prompts/heldout_<name>.jsonl``;
 #: "heldout": all of them, 10 of each kind).
@@ -56,6 +63,11 @@ def _record_messages(rec: dict, where: str) -> list[dict]:
     if text is None:
         raise ValueError(f"{where}: need 'prompt', 'text', 'question' or 'messages'")
     return user_messages(str(text))
+
+
+def prompt_kind(record: dict) -> str:
+    """The kind a prompt record is reported under: its `set`, else its `source`."""
+    return str(record.get("set", record.get("source", "prompts")))
 
 
 def read_prompt_file(path: str | Path) -> list[dict]:

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
-from ..messages import apply_chat_template
+from ..messages import apply_chat_template, prompt_kind
 from ..options import DecodeOptions
 from ..stats import histogram, tau
 
@@ -48,7 +48,7 @@ def evaluate(
             dt = time.perf_counter() - t0
             s = responses[-1].stats.to_dict()
             covered = sum(r.token in vocab for r in responses) if vocab is not None else 0
-            for key in (p.get("set", p.get("source", "prompts")), "all"):
+            for key in (prompt_kind(p), "all"):
                 agg = per.setdefault(
                     key, {"accepted_lengths": [], "tokens": 0, "seconds": 0.0, "prompts": 0, "covered": 0}
                 )

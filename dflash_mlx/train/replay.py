@@ -25,7 +25,7 @@ import mlx.core as mx
 from ..atomic import write_text_atomic
 from ..cache import PromptCache
 from ..drafter import Drafter
-from ..messages import apply_chat_template
+from ..messages import apply_chat_template, prompt_kind
 from ..sampling import SamplingParams
 from ..target import Target
 from ..speculative import generate_step
@@ -83,7 +83,7 @@ def references(
         length = min(max_tokens, next((i + 1 for i, t in enumerate(tokens) if t in eos), max_tokens))
         _, features = target.forward(mx.array(ids + tokens)[None], PromptCache(model).target)
         mx.eval(features)
-        out.append(Reference(p.get("set", p.get("source", "prompts")), len(ids), tokens, length, features))
+        out.append(Reference(prompt_kind(p), len(ids), tokens, length, features))
     return out
 
 
