@@ -11,6 +11,7 @@ time to first token), and the draft cost alone is timed at each length (`draft_m
 from __future__ import annotations
 
 import pydoc
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from dflash_mlx.messages import apply_chat_template, user_messages
@@ -125,3 +126,28 @@ def context_line(r: dict) -> str:
 def context_table(report: dict) -> str:
     """The report as a markdown table, one row per context length."""
     return "\n".join(context_header(report["max_tokens"]) + [context_line(r) for r in report["results"]])
+
+
+def plot_context(rows: Sequence[dict], path: str | Path) -> None:
+    """Decode tokens/s of both (left) and tau (right) against context length, as a PNG."""
+    from dflash_mlx.train.curves import pyplot
+
+    plt = pyplot()
+    rows = sorted(rows, key=lambda r: r["context"])
+    x = [r["context"] for r in rows]
+    fig, (speed, acceptance) = plt.subplots(1, 2, figsize=(9, 3.6))
+    speed.plot(x, [r["mlx_lm_tokens_per_second"] for r in rows], "o-", label="mlx-lm")
+    speed.plot(x, [r["ours_tokens_per_second"] for r in rows], "o-", label="dflash-mlx")
+    speed.set_ylabel("decode tokens/s (after the first)")
+    speed.set_ylim(bottom=0)
+    speed.legend(fontsize=8)
+    acceptance.plot(x, [r["tau"] or 0 for r in rows], "o-", color="C2")
+    acceptance.set_ylabel("tau (tokens per cycle)")
+    acceptance.set_ylim(bottom=1)
+    for ax in (speed, acceptance):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens of documentation)")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

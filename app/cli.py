@@ -201,7 +201,7 @@ def bench(
         "--prompts",
         help="A prompt file (one prompt a line, or JSONL), or a shipped held-out set: heldout (all 40), chat, "
         "code, math, stdlib. Repeatable; a table per kind where the prompts have several "
-        "(default: six built-in prompts).",
+        "(default: six built-in prompts). With --context: the questions asked after the documentation.",
     ),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
     block_size: Optional[int] = typer.Option(
@@ -229,6 +229,7 @@ def bench(
     ),
     reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="With --context: also draw it into this PNG."),
     kernels: Optional[bool] = typer.Option(
         None,
         "--kernels/--no-kernels",
@@ -258,21 +259,25 @@ def bench(
             write_json(report, json_out)
         return
     if context:
-        from .bench_context import context_header, context_line, run_context_bench
+        from .bench_context import QUESTIONS, context_header, context_line, plot_context, run_context_bench
 
         lengths = [int(n) for n in context.split(",") if n.strip()]
+        questions = read_prompts(prompts)[0] if prompts else QUESTIONS
         print("\n".join(context_header(max_tokens)), flush=True)
         with console.status("benchmarking long contexts") as status:
             report = run_context_bench(
                 model,
                 draft,
                 lengths,
+                questions,
                 max_tokens=max_tokens,
                 progress=status.update,
                 on_row=lambda row: print(context_line(row), flush=True),
             )
         if json_out:
             write_json(report, json_out)
+        if plot:
+            plot_context(report["results"], plot)
         return
     if kernels:
         from .bench_kernels import kernel_table, run_kernel_bench

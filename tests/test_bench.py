@@ -127,13 +127,20 @@ def test_bench_replay_timing_runs(monkeypatch):
     assert "no gated-delta layers" in replay_times(tiny_target("qwen3_moe"), 1)[1]
 
 
-def test_bench_context_lengths(default_model_dir):
-    """`dflash bench --context`: one row per length of real documentation before the question,
-    ours token-identical to mlx-lm at each, prompts as long as asked."""
-    from app.bench_context import context_table, documentation, run_context_bench
+def test_bench_context_lengths(default_model_dir, tmp_path):
+    """`dflash bench --context`: one row per length of real documentation before the question
+    (the questions from --prompts), ours token-identical to mlx-lm at each, prompts as long as
+    asked, the report's JSON and its plot written."""
+    from app.bench_context import context_table, documentation
 
-    report = run_context_bench(str(default_model_dir), None, (32, 160), QUESTIONS[:2], max_tokens=8)
+    questions, out, png = tmp_path / "questions.txt", tmp_path / "context.json", tmp_path / "context.png"
+    questions.write_text("\n".join(QUESTIONS[:2]) + "\n")
+    args = ["--model", default_model_dir, "--context", "32,160", "--prompts", questions, "-m", 8]
+    result = CliRunner().invoke(app, ["bench", *map(str, args), "--json", str(out), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
     rows = report["results"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and all(r["prompts"] == 2 for r in rows)
     assert [r["context"] for r in rows] == [32, 160] and all(r["same_tokens_as_mlx_lm"] for r in rows)
     assert rows[1]["prompt_tokens"] - rows[0]["prompt_tokens"] >= 120 and all(r["draft_ms"] > 0 for r in rows)
     assert context_table(report).count("\n| ") == 3

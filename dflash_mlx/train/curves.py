@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..adaptive import fit_line
 
@@ -60,8 +60,8 @@ def curves_table(curves: dict[str, Curve], target_tau: float) -> str:
     return "\n".join([head, "|---|---:|---:|---:|---:|---:|"] + [r for _, r in rows])
 
 
-def plot(curves: dict[str, Curve], path: str | Path, names: Optional[Sequence[str]] = None) -> None:
-    """Held-out tau against core-hours (log scale), points and fitted lines, as a PNG."""
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing off-screen (a one-line error where it is not installed)."""
     try:
         import matplotlib
 
@@ -69,6 +69,12 @@ def plot(curves: dict[str, Curve], path: str | Path, names: Optional[Sequence[st
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise RuntimeError("plotting needs matplotlib (pip install matplotlib)") from exc
+    return plt
+
+
+def plot(curves: dict[str, Curve], path: str | Path, names: Optional[Sequence[str]] = None) -> None:
+    """Held-out tau against core-hours (log scale), points and fitted lines, as a PNG."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in names or list(curves):
         curve = curves[name]
