@@ -311,6 +311,7 @@ def _methods(
     import mlx_lm
 
     from dflash_mlx import make_policy, stream_generate
+    from dflash_mlx.speculative import trees_by_default
 
     drafter = drafters[0]
 
@@ -319,7 +320,7 @@ def _methods(
         chunks, seconds, *_ = _clock(stream, lambda r: [r.token])
         return chunks, seconds, 0, 0
 
-    def ours(options: DecodeOptions, drafter=drafter, trees: bool = False) -> Callable:
+    def ours(options: DecodeOptions, drafter=drafter, trees: Optional[bool] = None) -> Callable:
         adaptive = options.adaptive(drafter) and not options.tree_budget
         policy = make_policy(model, drafter, trees) if adaptive else None
 
@@ -337,7 +338,7 @@ def _methods(
         if size != options.block_size and 2 <= size <= drafter.config.block_size:
             methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))
     block = options.block_limit(drafter)
-    if fixed_trees and options.adaptive(drafter) and options.tree_budget is None:  # the policy that weighs trees too
+    if fixed_trees and options.adaptive(drafter) and options.tree_budget is None and not trees_by_default():
         methods["dflash-mlx adaptive + trees"] = ours(options, trees=True)
     for budget in fixed_trees:
         name = f"dflash-mlx B={block} " + (f"tree {budget}" if budget else "chain")

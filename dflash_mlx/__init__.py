@@ -17,6 +17,7 @@ from .speculative import (  # noqa: E402
     make_policy,
     make_prompt_cache,
     stream_generate,
+    trees_by_default,
 )
 from .sampling import SamplingParams  # noqa: E402
 from .stats import GenerationStats, histogram  # noqa: E402
@@ -42,4 +43,5 @@ __all__ = [
     "make_policy",
     "make_prompt_cache",
     "stream_generate",
+    "trees_by_default",
 ]
