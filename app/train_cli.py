@@ -264,6 +264,15 @@ def eval_command(
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
     seed: int = typer.Option(0, "--seed"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
+    replay: bool = typer.Option(
+        False,
+        "--replay",
+        help="Greedy tau only, by replaying the drafter along the target's greedy answers (what `dflash train` "
+        "measures: same cycles, no decoding, no speed).",
+    ),
+    answers: Optional[Path] = typer.Option(
+        None, "--answers", help="With --replay: keep the target's answers in this JSON file (made once, then read)."
+    ),
 ) -> None:
     """Mean acceptance length tau per prompt set, and the histogram of accepted lengths."""
     from dflash_mlx.loading import load, load_draft
@@ -273,12 +282,26 @@ def eval_command(
     items = read_prompt_sources(prompts)[:limit]
     target, tokenizer = load(model)
     drafter = load_draft(draft, model=target, draft_vocab=draft_vocab)
-    results = evaluate(
-        target, tokenizer, drafter, items, max_tokens=max_tokens, temps=temp, block_size=block_size, seed=seed
-    )
+    if replay:
+        results = {"0": _replayed(target, tokenizer, drafter, items, max_tokens, block_size, answers)}
+    else:
+        results = evaluate(
+            target, tokenizer, drafter, items, max_tokens=max_tokens, temps=temp, block_size=block_size, seed=seed
+        )
     typer.echo(format_results(results))
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _replayed(target, tokenizer, drafter, items, max_tokens: int, block_size: Optional[int], answers) -> dict:
+    """`dflash eval --replay`'s greedy results per kind (`train.replay`)."""
+    from dflash_mlx.options import DecodeOptions
+    from dflash_mlx.train.replay import references, replay_tau
+
+    B = DecodeOptions(block_size=block_size).fixed(drafter).block_size
+    layers = drafter.config.target_layer_ids
+    refs = references(target, tokenizer, items, layers, max_tokens=max_tokens, block_size=B, answers=answers)
+    return replay_tau(drafter, target, refs, max_tokens=max_tokens, block_size=B)
 
 
 def curves_command(

@@ -61,3 +61,28 @@ def test_replay_matches_decoding(pair, tmp_path):
     ids = [apply_chat_template(tokenizer, p["messages"]) for p in prompts]
     assert greedy_answers(None, ids, max_tokens + 8, answers) == json.loads(answers.read_text())["answers"]
     assert greedy_answers(model, ids[:1], 3, answers) == [refs[0].tokens[:3]]
+
+
+def test_eval_replay_reports_what_decoding_does(default_model_dir, tmp_path):
+    """`dflash eval --replay` gives `dflash eval --temp 0`'s greedy tau and histograms per kind,
+    and keeps the target's answers where --answers says."""
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    held = (shipped_asset("prompts") / "heldout.jsonl").read_text().splitlines()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join([held[0], held[-1]]) + "\n")  # a chat and a stdlib prompt
+    common = ["eval", "--model", str(default_model_dir), "-p", str(prompts), "-m", "24", "--block-size", "4"]
+    reports = []
+    for extra in (["--temp", "0"], ["--replay", "--answers", str(tmp_path / "answers.json")]):
+        out = tmp_path / f"eval{len(reports)}.json"
+        result = CliRunner().invoke(app, [*common, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(out.read_text())["0"])
+    decoded, replayed = reports
+    assert set(decoded) == set(replayed) == {"chat", "stdlib", "all"}
+    for kind in decoded:
+        assert replayed[kind]["histogram"] == decoded[kind]["histogram"], kind
+        assert replayed[kind]["tau"] == decoded[kind]["tau"] and replayed[kind]["prompts"] == decoded[kind]["prompts"]
+    assert (tmp_path / "answers.json").is_file()

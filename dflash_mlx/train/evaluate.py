@@ -58,7 +58,7 @@ def evaluate(
                 agg["prompts"] += 1
                 agg["covered"] += covered
             if log:
-                log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {p.get('set', p.get('source', ''))}: tau {s['tau']:.2f}")
+                log(f"temp {temp:g} [{i + 1}/{len(prompts)}] {prompt_kind(p)}: tau {s['tau']:.2f}")
         out = {}
         for key, agg in per.items():
             out[key] = {
@@ -119,9 +119,10 @@ def format_results(results: dict) -> str:
         lines.append(f"temperature {temp}")
         for key, r in sorted(per.items(), key=lambda kv: (kv[0] == "all", kv[0])):
             coverage = f", {r['vocab_coverage']:.1%} in the draft vocab" if "vocab_coverage" in r else ""
+            speed = f", {r['tokens_per_s']:.1f} tok/s" if "tokens_per_s" in r else ""
             lines.append(
-                f"  {key:<12} tau {r['tau']:5.2f}  ({r['cycles']} cycles, {r['tokens']} tokens{coverage}, "
-                f"{r['tokens_per_s']:.1f} tok/s)  histogram {r['histogram']}"
+                f"  {key:<12} tau {r['tau']:5.2f}  ({r['cycles']} cycles, {r['tokens']} tokens{coverage}{speed})  "
+                f"histogram {r['histogram']}"
             )
             if key == "all":
                 acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["position_acceptance"])

@@ -110,11 +110,16 @@ def replay_lengths(drafter: Drafter, target: Target, ref: Reference, max_tokens:
 def replay_tau(
     drafter: Drafter, model: Any, refs: Sequence[Reference], *, max_tokens: int, block_size: int
 ) -> dict[str, dict]:
-    """Greedy tau of `drafter` on `refs`, per prompt kind and "all", as `evaluate` reports it."""
-    per: dict[str, list[int]] = {}
+    """Greedy tau of `drafter` on `refs`, per prompt kind and "all", as `evaluate` reports it
+    (with `prompts` and `tokens`; no speed: a replay does not decode)."""
+    per: dict[str, list[list[int]]] = {}
     target = make_target(model, drafter.config.target_layer_ids)  # one adapter for every replay
     for ref in refs:
         lengths = replay_lengths(drafter, target, ref, max_tokens, block_size)
         for key in (ref.kind, "all"):
-            per.setdefault(key, []).extend(lengths)
-    return {key: summarize(lengths, block_size) for key, lengths in per.items()}
+            per.setdefault(key, []).append(lengths)
+    out = {}
+    for key, runs in per.items():
+        lengths = [n for run in runs for n in run]
+        out[key] = {**summarize(lengths, block_size), "prompts": len(runs), "tokens": sum(lengths)}
+    return out
