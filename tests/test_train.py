@@ -4,6 +4,7 @@ loss weights, a tiny run that learns, and save / load round trips."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
@@ -360,3 +361,7 @@ def test_periodic_heldout_tau_is_replayed_and_logged_per_kind(tmp_path, monkeypa
     assert set(evals[0]["heldout_kinds"]) == {"a", "b"}
     saved = json.loads((tmp_path / "heldout_answers_6.json").read_text())
     assert len(saved["answers"]) == 2 and all(len(a) == 6 + 4 for a in saved["answers"])
+    # no periodic evaluation came due: the run still ends with one, for its curve's last point
+    args = replace(args, out=str(tmp_path / "e"), max_steps=3, eval_minutes=1e6)
+    history = train(args, log=lambda s: None)["history"]
+    assert [r["step"] for r in history if "heldout_tau" in r] == [3]

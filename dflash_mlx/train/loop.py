@@ -336,6 +336,13 @@ class Trainer:
                     if st.step % a.checkpoint_every == 0 or time.perf_counter() - last_ck > a.checkpoint_minutes * 60:
                         save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
                         last_ck = time.perf_counter()
+                evaluated = bool(history) and history[-1].get("step") == st.step and "heldout_tau" in history[-1]
+                if self.rank == 0 and a.eval_minutes and not evaluated:
+                    # the curve's last point: the drafter this run ends with
+                    rec = {"step": st.step, "elapsed": round(st.elapsed, 1), "core_hours": st.core_seconds / 3600}
+                    rec.update(self.heldout_tau())
+                    history.append(rec)
+                    log_file.write(json.dumps(rec) + "\n")
             finally:
                 if log_file:
                     log_file.close()
