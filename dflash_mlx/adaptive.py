@@ -165,8 +165,10 @@ class BlockSizePolicy:
         """The next cycle as a `Width` (a chain here; `TreePolicy` weighs trees too)."""
         return Width(self.choose(limit))
 
-    def update_width(self, width: "Width", accepted: int, seconds: float) -> None:
-        """`update` for a cycle chosen by `choose_width`."""
+    def update_width(
+        self, width: "Width", accepted: int, seconds: float, chain: Optional[tuple[int, int]] = None
+    ) -> None:
+        """`update` for a cycle chosen by `choose_width` (`chain`: see `TreePolicy`)."""
         self.update(width.size, accepted, seconds)
 
     def _charge(self, seconds_by: dict[int, float], key: int, seconds: float) -> None:
@@ -248,8 +250,9 @@ class TreePolicy(BlockSizePolicy):
     (rates within a few percent are noise, and a tree's rows are the dearer guess). Trees
     are probed on their own schedule, never in a cycle the chain policy probes (nor does
     the chain policy probe while a tree takes the chain's place): the most promising tree
-    other than the choice, or, while a tree is chosen, the chain (whose estimates would
-    otherwise not move: a tree's walk says nothing about the chain). A probe that pays
+    other than the choice, or, while a tree is chosen, the chain (its cost; its acceptance
+    estimates learn from every walk, which shows what the chain's own drafts would have had
+    accepted, so a tree chosen in a dip of the chain's estimates does not outstay it). A probe that pays
     shortens the interval by `backoff` x, one that does not lengthens it by `backoff` x,
     up to the interval at which probes lose at most `tree_explore` of the time."""
 
@@ -350,14 +353,25 @@ class TreePolicy(BlockSizePolicy):
         self.tree_probe = (others[0], choice, self.rate(choice))
         return others[0]
 
-    def update_width(self, width: Width, accepted: int, seconds: float) -> None:
+    def update_width(
+        self, width: Width, accepted: int, seconds: float, chain: Optional[tuple[int, int]] = None
+    ) -> None:
+        """Record a finished cycle. For a tree, `chain` = (size, accepted) of the chain its
+        tokens show (what the chain's drafts would have had accepted on the same draws): the
+        chain's estimates learn from it as from a chain cycle, after the walk is calibrated
+        against what they expected."""
         probe = self.tree_probe if self.tree_probe is not None and self.tree_probe[0] == width else None
         self.tree_probe = None
         if width.tree:
             self._charge(self.tree_seconds, width.nodes, seconds)
             done, base = self.walks[width.nodes]  # old walks fade as new ones come (only then)
-            expected = self.chain_expected(min(width.size, self.max_size))
+            rows = min(width.size, self.max_size)
+            # what the chain of as many rows committed on the same draws (paired: far less noisy
+            # than its estimates), else what the chain's estimates expected
+            expected = min(chain[1], rows - 1) + 1 if chain is not None else self.chain_expected(rows)
             self.walks[width.nodes] = [self.walk_memory * done + accepted + 1, self.walk_memory * base + expected]
+            if chain is not None:
+                self._learn(*chain)
         else:
             self.update(width.size, accepted, seconds)
         if probe is not None:

@@ -43,6 +43,9 @@ class Cycle:
     tokens: list[int] = field(default_factory=list)  # the committed tokens, once on the host
     queued: Optional[mx.array] = None  # a queued step's token (a lazy scalar), until read
     tree: bool = False  # a draft tree: `size` - 1 nodes verified below the root
+    # A tree cycle: the (size, accepted) of the chain its tokens show, what `speculate`'s
+    # drafts on the same draws would have had accepted (up to the first miss, if one is seen)
+    chain: Optional[tuple[int, int]] = None
 
     @property
     def ready(self) -> bool:
@@ -180,7 +183,8 @@ class Cycles:
         cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
         cache.flush()
         block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
-        logprobs, ids = top_candidates(drafter.propose(block, cache.draft, target)[:depth], budget)
+        proposals = drafter.propose(block, cache.draft, target)[:depth]  # (depth, V)
+        logprobs, ids = top_candidates(proposals, budget)
         tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth)
         drafting = time.perf_counter() - tic if self.profile else 0.0
         start = cache.target[0].offset
@@ -191,7 +195,11 @@ class Cycles:
         logits = target.lm_head(hidden)[0]  # (n + 1, V)
         # node i chooses the token after it, at position root + depth + 1, with the keyed draws
         draws = self.sampling.draws(len(cache.tokens) + 1)
-        path, bonus = walk(tree, draws.choose(logits, tree.depths).tolist())
+        # the chain's drafts (what `speculate` would verify) tell the policy how a chain would
+        # have fared on this cycle's tokens, so its estimates stay fresh while trees run
+        choices = mx.concatenate([draws.choose(logits, tree.depths), draws.choose(proposals)]).tolist()
+        path, bonus = walk(tree, choices[: len(tree.tokens)])
+        chain = choices[len(tree.tokens) :]
         rows = [0] + path
         keep_rows(cache.target, start, rows)
         cache.quantize()
@@ -200,4 +208,14 @@ class Cycles:
         drafter.append_context(features[:, kept], cache.draft)
         committed = [tree.tokens[i] for i in path] + [bonus]
         logprobs = list(log_softmax(logits[kept]))
-        return Cycle(tree.size + 1, len(path), logprobs, drafting, tokens=committed, tree=True)
+        shown = chain_shown(chain, committed)
+        return Cycle(tree.size + 1, len(path), logprobs, drafting, committed, tree=True, chain=shown)
+
+
+def chain_shown(drafts: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
+    """(size, accepted) of the chain whose `drafts` a tree cycle's `committed` tokens (the
+    target's own choices) judge: up to the first miss, or, where every draft seen agrees,
+    as far as the tokens go (what lies beyond is not seen)."""
+    seen = min(len(drafts), len(committed))
+    hits = next((k for k in range(seen) if drafts[k] != committed[k]), seen)
+    return (hits + 2, hits) if hits < seen else (hits + 1, hits)

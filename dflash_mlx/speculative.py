@@ -202,7 +202,8 @@ class _Clock:
             self.stats.prompt_time = seconds
             return
         if self.policy is not None:  # under mlx.launch every rank adapts to rank 0's times
-            self.policy.update_width(Width(cycle.size, cycle.tree), cycle.accepted, leaders_seconds(seconds))
+            width = Width(cycle.size, cycle.tree)
+            self.policy.update_width(width, cycle.accepted, leaders_seconds(seconds), cycle.chain)
         self.stats.draft_time += cycle.drafting
         self.stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
         self.stats.record(cycle.size, cycle.accepted, cycle.tree)

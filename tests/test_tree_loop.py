@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
-from dflash_mlx.adaptive import TreePolicy
+from dflash_mlx.adaptive import TreePolicy, Width
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import probabilities
 from dflash_mlx.speculative import GenerationStats, generate_step
@@ -122,6 +122,41 @@ def test_the_default_policy_weighs_trees_on_a_gpu(family, monkeypatch):
         assert run(model, prompt, drafter, 24, prompt_cache=cache)[0] == ref, (name, gpu)
         assert type(cache.policy) is (TreePolicy if gpu else BlockSizePolicy)
         assert type(speculative.make_policy(model, drafter)) is type(cache.policy)
+
+
+class AlwaysTree(TreePolicy):
+    """A tree of 8 nodes every cycle; keeps what the loop reports of each."""
+
+    def __init__(self):
+        super().__init__(BLOCK)
+        self.reports: list[tuple[Width, int, tuple[int, int]]] = []
+
+    def choose_width(self, limit=None) -> Width:
+        return Width(9, True)
+
+    def update_width(self, width, accepted, seconds, chain=None) -> None:
+        self.reports.append((width, accepted, chain))
+
+
+@pytest.mark.parametrize(
+    "rank, chain",
+    [
+        (lambda c, k: 0, (BLOCK, BLOCK - 1)),  # the chain's drafts all right: all seen accepted
+        (lambda c, k: 0 if k < 3 else 1, (4, 2)),  # its third draft is a decoy: a miss seen there
+    ],
+)
+def test_a_tree_cycle_shows_the_chains_outcome(rank, chain):
+    """Each tree cycle tells the policy what the chain's own drafts would have had accepted
+    on the same tokens (the adaptive policy's chain estimates learn from it)."""
+    model = tiny_target("llama", scale=2.0)
+    target, prompt = make_target(model), prompt_of(6, 5)
+    ref = reference(model, prompt, 40)
+    policy = AlwaysTree()
+    drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, rank)
+    assert run(model, prompt, drafter, 40, policy=policy)[0] == ref
+    full = [(a, shown) for w, a, shown in policy.reports[:4]]  # far from max_tokens: full depth
+    assert full and all(w.tree for w, _, _ in policy.reports)
+    assert all(shown == chain and a >= chain[1] for a, shown in full), full
 
 
 def test_tree_budget_zero_is_the_chain(family):

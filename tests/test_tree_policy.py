@@ -21,17 +21,24 @@ def rows_cost(width: Width) -> float:
     return 1.0 if width.size == 1 else 1.6 + 0.05 * width.size
 
 
-def stream(policy, chain_accept: float, tree_accept, cycles: int, seed: int = 0, cost=rows_cost):
-    """(width, accepted) per cycle; tree_accept(n): a tree of n's per-depth acceptance."""
+def stream(policy, chain_accept, tree_accept, cycles: int, seed: int = 0, cost=rows_cost, show_chain=True):
+    """(width, accepted) per cycle; tree_accept(n, p): a tree of n's per-depth acceptance
+    where the chain's is p;
+    chain_accept: the chain's, or a function of the cycle's index (a drifting drafter).
+    A tree's depths share their draws with the chain's (the chain hits only where the
+    tree does), and, as the loop does, a tree cycle shows the policy the chain's outcome
+    up to the first miss (`show_chain`)."""
     rng, out = random.Random(seed), []
-    for _ in range(cycles):
+    for i in range(cycles):
         w = policy.choose_width()
-        p = tree_accept(w.nodes) if w.tree else chain_accept
+        p_chain = chain_accept(i) if callable(chain_accept) else chain_accept
+        p = max(p_chain, tree_accept(w.nodes, p_chain)) if w.tree else p_chain
         depth = min(w.size, B) - 1
-        a = 0
-        while a < depth and rng.random() < p:
-            a += 1
-        policy.update_width(w, a, cost(w))
+        draws = [rng.random() for _ in range(depth)]
+        a = next((k for k, u in enumerate(draws) if u >= p), depth)
+        hits = next((k for k, u in enumerate(draws) if u >= p_chain), depth)
+        chain = (hits + 2, hits) if hits < depth else (hits + 1, hits)
+        policy.update_width(w, a, cost(w), chain if w.tree and show_chain else None)
         out.append((w, a))
     return out
 
@@ -45,7 +52,7 @@ class Fixed:
     def choose_width(self) -> Width:
         return self.width
 
-    def update_width(self, width: Width, accepted: int, seconds: float) -> None:
+    def update_width(self, width: Width, accepted: int, seconds: float, chain=None) -> None:
         pass
 
 
@@ -88,11 +95,11 @@ def test_chain_choices_are_the_chain_policys():
 def test_trees_that_pay_are_chosen():
     """Chain acceptance 0.6; a tree of n nodes accepts each depth at 0.6 + 0.05 log2 n."""
     policy = TreePolicy(B)
-    cycles = stream(policy, 0.6, lambda n: min(0.95, 0.6 + 0.05 * math.log2(n)), 600)
+    cycles = stream(policy, 0.6, lambda n, p: min(0.95, 0.6 + 0.05 * math.log2(n)), 600)
     kinds = Counter(str(w) for w, _ in cycles[-300:])
     assert sum(c for k, c in kinds.items() if k.startswith("tree")) >= 240, kinds
     best_fixed = max(
-        rate(stream(TreePolicy(B, trees=(n,)), 0.6, lambda m: min(0.95, 0.6 + 0.05 * math.log2(m)), 600))
+        rate(stream(TreePolicy(B, trees=(n,)), 0.6, lambda m, p: min(0.95, 0.6 + 0.05 * math.log2(m)), 600))
         for n in (4, 8, 16, 32)
     )
     assert rate(cycles[-300:]) >= 0.93 * best_fixed
@@ -106,7 +113,7 @@ def test_trees_that_do_not_pay_are_left():
         return rows_cost(w) + (0.3 if w.tree else 0.0)
 
     policy = TreePolicy(B)
-    cycles = stream(policy, 0.7, lambda n: 0.7, 600, seed=1, cost=cost)
+    cycles = stream(policy, 0.7, lambda n, p: 0.7, 600, seed=1, cost=cost)
     kinds = Counter(str(w) for w, _ in cycles[-300:])
     assert sum(c for k, c in kinds.items() if k.startswith("tree")) <= 45, kinds
     chain_only = stream(BlockSizePolicy(B), 0.7, None, 600, seed=1, cost=cost)
@@ -133,7 +140,7 @@ def gpu_cost(width: Width) -> float:
     return 1.0 if width.size == 1 else 1.1 + 0.002 * width.size
 
 
-def chat_tree(nodes: int) -> float:
+def chat_tree(nodes: int, chain: float = 0.3) -> float:
     """Chat-like: the chain accepts each draft at 0.3 (tau 1.43 at B = 8), a tree of 16
     nodes each depth at 0.46 (tau 1.84), log-linear in the nodes between."""
     return 0.3 + 0.04 * math.log2(nodes)
@@ -163,7 +170,7 @@ def test_on_a_gpu_trees_are_chosen_and_win():
 
 def test_nothing_accepted_settles_on_plain_steps():
     policy = TreePolicy(B)
-    cycles = stream(policy, 0.0, lambda n: 0.0, 500, seed=2)
+    cycles = stream(policy, 0.0, lambda n, p: 0.0, 500, seed=2)
     assert Counter(str(w) for w, _ in cycles[-250:])["plain"] >= 0.9 * 250
     assert rate(cycles[-250:]) >= 0.95
 
@@ -178,3 +185,35 @@ def test_calibration_follows_the_walks(truth):
         policy.update_width(Width(17, True), round(truth * expected) - 1, 2.0)
     assert abs(policy.ratio(16) - truth) < 0.25 * truth
     assert policy.ratio(4) == pytest.approx(tree_prior(4) * policy.ratio(16) / tree_prior(16))
+
+
+def test_a_walk_moves_the_chain_estimates():
+    """A tree cycle shows what the chain's drafts would have had accepted: a miss at draft 1
+    lowers the chain's estimate of it, a chain accepted throughout raises it."""
+    low, high = TreePolicy(B), TreePolicy(B)
+    for _ in range(10):
+        low.update_width(Width(17, True), 3, 2.0, (2, 0))
+        high.update_width(Width(17, True), 3, 2.0, (5, 4))
+    assert low.acceptance(1) < 0.1 < 0.9 < high.acceptance(1)
+    assert high.acceptance(5) == pytest.approx(high.acceptance(5))  # unseen past the walk: no claim
+
+
+def drifting(i: int) -> float:
+    """A drafter whose acceptance swings between prompt kinds: 0.75 (math-like) and 0.25
+    (chat-like), 150 cycles each."""
+    return 0.75 if (i // 150) % 2 == 0 else 0.25
+
+
+def test_trees_do_not_outstay_a_dip_on_a_cpu():
+    """Drifting acceptance, CPU-like costs: weighing trees loses at most 2% against the chain
+    policy, because the walks keep the chain's estimates fresh (without them a tree chosen
+    in a dip of those estimates stays, and the policy falls behind)."""
+
+    def run(policy_of, show=True):
+        return sum(
+            rate(stream(policy_of(), drifting, lambda n, p: p + 0.04 * math.log2(n), 1800, s, cpu_cost, show), cpu_cost)
+            for s in range(4)
+        )
+
+    chains = run(lambda: BlockSizePolicy(B))
+    assert run(lambda: TreePolicy(B)) >= 0.98 * chains
