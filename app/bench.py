@@ -7,7 +7,7 @@ token for token.
 
 Ours runs with the options given (adaptive block size by default), and once more per
 fixed block size and per fixed tree budget asked for (with tree budgets and an adaptive
-block size, also with the `TreePolicy`, which weighs trees per cycle); each row says
+block size, also with the chain-only policy, beside the default that weighs trees); each row says
 what its cycles verified (widths) and how many draft nodes per cycle. Prompts of several kinds (the `set`
 of a prompt file's records) get a table per kind too.
 """
@@ -311,7 +311,6 @@ def _methods(
     import mlx_lm
 
     from dflash_mlx import make_policy, stream_generate
-    from dflash_mlx.speculative import trees_by_default
 
     drafter = drafters[0]
 
@@ -320,7 +319,7 @@ def _methods(
         chunks, seconds, *_ = _clock(stream, lambda r: [r.token])
         return chunks, seconds, 0, 0
 
-    def ours(options: DecodeOptions, drafter=drafter, trees: Optional[bool] = None) -> Callable:
+    def ours(options: DecodeOptions, drafter=drafter, trees: bool = True) -> Callable:
         adaptive = options.adaptive(drafter) and not options.tree_budget
         policy = make_policy(model, drafter, trees) if adaptive else None
 
@@ -338,8 +337,8 @@ def _methods(
         if size != options.block_size and 2 <= size <= drafter.config.block_size:
             methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))
     block = options.block_limit(drafter)
-    if fixed_trees and options.adaptive(drafter) and options.tree_budget is None and not trees_by_default():
-        methods["dflash-mlx adaptive + trees"] = ours(options, trees=True)
+    if fixed_trees and options.adaptive(drafter) and options.tree_budget is None:
+        methods["dflash-mlx adaptive, chains"] = ours(options, trees=False)
     for budget in fixed_trees:
         name = f"dflash-mlx B={block} " + (f"tree {budget}" if budget else "chain")
         methods[name] = ours(replace(options, block_size=block, tree_budget=budget))

@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tree-budget",
         type=int,
         default=d.tree_budget,
-        help="draft-tree nodes per cycle (0 or default: chains)",
+        help="draft-tree nodes per cycle (0: chains only; default: chosen per cycle with an adaptive block size)",
     )
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt")

@@ -24,7 +24,10 @@ from dflash_mlx.options import DecodeOptions, OptionError
 
 #: The decoding defaults, which the options below show (`DecodeOptions` owns them).
 DEFAULTS = DecodeOptions()
-TREE_HELP = "Draft-tree nodes per cycle (plain attention targets; 0 or default: chains)."
+TREE_HELP = (
+    "Draft-tree nodes per cycle (plain attention targets; 0: chains only; "
+    "default: chosen per cycle when the block size is adaptive)."
+)
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
 SHARDING_HELP = "Under mlx.launch: shard the target by mlx-lm's tensor or pipeline parallelism (default: auto)."
 

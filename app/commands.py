@@ -22,7 +22,7 @@ HELP = """\
 - `/clear` forget the conversation and its KV cache
 - `/temp X` sampling temperature (0 = greedy)
 - `/block N` drafter block size (`/block auto`: the drafter's own)
-- `/tree N` draft trees of N nodes (`/tree 0` or `/tree auto`: chains)
+- `/tree N` draft trees of N nodes (`/tree 0`: chains only; `/tree auto`: chosen per cycle)
 - `/baseline` toggle target-only decoding, to feel the difference
 - `/save FILE` save the transcript as Markdown
 - `/file PATH [TEXT]` send TEXT with the file's contents pasted below it (a document, code)

@@ -17,7 +17,6 @@ from .speculative import (  # noqa: E402
     make_policy,
     make_prompt_cache,
     stream_generate,
-    trees_by_default,
 )
 from .sampling import SamplingParams  # noqa: E402
 from .stats import GenerationStats, histogram  # noqa: E402
@@ -43,5 +42,4 @@ __all__ = [
     "make_policy",
     "make_prompt_cache",
     "stream_generate",
-    "trees_by_default",
 ]

@@ -17,10 +17,10 @@ and the tokens the caches hold, are `cycles.Cycles`'.
 `DecodeOptions.tree_budget=N` verifies a draft tree of up to N nodes instead of a chain
 (`tree.py`, DDTree) on targets whose family and caches allow it (plain attention
 decoders: llama, mistral, qwen2, qwen3, qwen3_moe; hybrid and sliding-window targets
-keep the chain). With an adaptive block size, a `TreePolicy` chooses per cycle between
-a plain step, a chain of b and a tree of n nodes: the default on a GPU, opt-in on a CPU
-(where it is behind the chain policy, BENCHMARKS.md); `tree_budget=0`: chains only,
-whatever the policy.
+keep the chain). With an adaptive block size (the default), a `TreePolicy` chooses per
+cycle between a plain step, a chain of b and a tree of n nodes, from measured acceptance
+and cost: trees where rows are cheap (a GPU), mostly chains where they are not (a CPU);
+`tree_budget=0`: chains only, whatever the policy.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _setup(
     cache.bound_drafter(options)
     trees = draft_model is not None and options.tree_budget != 0 and target.supports_trees(cache.target)
     if options.adaptive(draft_model) and not (trees and options.tree_budget):
-        default = TreePolicy(limit) if trees and trees_by_default() else BlockSizePolicy(limit)
+        default = TreePolicy(limit) if trees else BlockSizePolicy(limit)
         policy = cache.policy = policy or cache.policy or default
         policy.start()
     else:
@@ -165,21 +165,11 @@ def _setup(
     return Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks), policy, trees
 
 
-def trees_by_default(device: Optional[mx.Device] = None) -> bool:
-    """Whether the loop's own adaptive policy weighs draft trees (on `device`, default: the
-    default device): on a GPU, where a verify of 16-64 rows costs about what one row does;
-    not on a CPU, where rows cost (17 rows: 2.1 plain steps on this project's machine) and
-    the chain policy was measured faster than the `TreePolicy` (BENCHMARKS.md)."""
-    return (device or mx.default_device()) == mx.gpu
-
-
-def make_policy(model: nn.Module, draft_model: Drafter, trees: Optional[bool] = None) -> BlockSizePolicy:
-    """A fresh adaptive policy to carry across calls (`policy=`): with `trees`, a
-    `TreePolicy` (plain steps, chains and draft trees) where the target has trees, else the
-    chain-only `BlockSizePolicy`; `trees=None`: what the loop makes by default
-    (`trees_by_default`)."""
+def make_policy(model: nn.Module, draft_model: Drafter, trees: bool = True) -> BlockSizePolicy:
+    """A fresh adaptive policy to carry across calls (`policy=`): a `TreePolicy` (plain
+    steps, chains and draft trees: what the loop makes by default) where the target has
+    trees and `trees` is on, else the chain-only `BlockSizePolicy`."""
     B = draft_model.config.block_size
-    trees = trees_by_default() if trees is None else trees
     trees = trees and make_target(model).supports_trees(make_target_cache(model))
     return TreePolicy(B) if trees else BlockSizePolicy(B)
 
