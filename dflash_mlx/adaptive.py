@@ -334,8 +334,10 @@ class TreePolicy(BlockSizePolicy):
     def choose_width(self, limit: Optional[int] = None) -> Width:
         chain = Width(self.choose(limit))
         self.tree_probe = None
-        if not self.trees or (limit is not None and limit < self.max_size):
-            return chain  # near the end of a generation: chains
+        if not self.trees or not self.seconds or (limit is not None and limit < self.max_size):
+            # near the end of a generation: chains; before any chain cycle is timed, too (the
+            # chain costs are the cost model's units then, a timed tree's are seconds)
+            return chain
         best = Width(self.best(limit))
         rates = sorted(self.tree_rates() + [(self.rate(best), best)], reverse=True)
         if rates[0][1].tree and rates[0][0] > (1 + self.margin) * self.rate(best):

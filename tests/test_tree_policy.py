@@ -217,3 +217,14 @@ def test_trees_do_not_outstay_a_dip_on_a_cpu():
 
     chains = run(lambda: BlockSizePolicy(B))
     assert run(lambda: TreePolicy(B)) >= 0.98 * chains
+
+
+def test_trees_wait_for_the_chains_clock():
+    """A fresh policy weighs trees only once a chain cycle is timed: before that the chain
+    costs are the cost model's relative units, and a tree timed in seconds (0.3 s here, a
+    long context's) would look three times cheaper than a plain step (1.0)."""
+    policy = TreePolicy(B)
+    policy.update_width(Width(5, True), 1, 0.3, (2, 0))  # a tree cycle: timed, its chain missed draft 1
+    assert not policy.seconds and not policy.choose_width().tree
+    policy.update_width(Width(1), 0, 0.1)  # a plain step, timed: now both are in seconds
+    assert policy.rate(Width(5, True)) < policy.rate(Width(1)) == pytest.approx(10.0)
