@@ -127,8 +127,9 @@ def test_random_drafter_is_lossless(default_model, references, block_size):
         sizes = responses[-1].stats.block_sizes
         if block_size:  # fixed: never a plain step; blocks shrink only at max_tokens
             assert min(sizes) >= 2 and sizes.count(16) > len(sizes) // 2
-    if block_size is None:  # nothing is accepted: the policy settles on plain steps
-        assert sizes[-20:].count(1) >= 15, sizes
+    if block_size is None:  # nothing is accepted: the policy settles on plain steps (a few
+        # probes remain: one at each generation's start, a chain's and a tree's, timed by wall clock)
+        assert sizes[-20:].count(1) >= 12, sizes
 
 
 @pytest.mark.parametrize("block_size", [BLOCK, None])
