@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
@@ -108,3 +109,36 @@ def test_core_hours_survive_resume(tmp_path, monkeypatch, restore_threads):
     budget = state["core_seconds"] / 3600 + 1e-7  # spent after the next step
     third = train(TrainArgs(max_steps=None, core_hours=budget, threads=1, resume=True, **common), log=lambda s: None)
     assert third["step"] == 7 and third["core_seconds"] >= budget * 3600
+
+
+@needs_openblas
+def test_new_datas_features_are_not_charged_as_training(tmp_path, monkeypatch, restore_threads):
+    """Data that grows during a run gets its features at the next epoch; that pass is data
+    work, not training: it stays out of the core-hours (here it burns a known CPU second)."""
+    from test_train import random_training_data, tiny_target
+
+    import dflash_mlx.train.loop as loop
+
+    model = tiny_target(vocab=48)
+    data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
+    args = loop.TrainArgs(
+        data=str(data), out=str(tmp_path / "d"), num_layers=1, target_layer_ids=[1, 3], block_size=4,
+        batch_size=4, num_anchors=4, progress=False, max_steps=4, threads=1, eval_minutes=0,
+    )  # fmt: skip
+    trainer = loop.Trainer(args, log=lambda s: None)  # the first 8 sequences' features: before any step
+    lines = data.read_text().splitlines()
+    data.write_text("\n".join(lines + [line.replace('"id": "', '"id": "new') for line in lines]) + "\n")
+
+    def slow_fill(*a, **kw):
+        busy = time.process_time()
+        while time.process_time() - busy < 1.0:
+            pass
+        return fill(*a, **kw)
+
+    fill = loop.fill_store
+    monkeypatch.setattr(loop, "fill_store", slow_fill)
+    wall = time.perf_counter()
+    trainer.run()  # steps 3 and 4 are the second epoch: 16 sequences, 8 of them new
+    assert len(trainer.seqs) == 16 and sum(k.startswith("new") for k, _, _ in trainer.seqs) == 8
+    assert time.perf_counter() - wall > 1.0  # the slow feature pass ran
+    assert 0 < trainer.state.core_seconds < time.perf_counter() - wall - 0.9

@@ -95,6 +95,7 @@ class Trainer:
         self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
         self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
         self.threads = ThreadControl(args.threads)  # also for the feature pass
+        self.data_seconds = 0.0  # CPU time of the last refresh_data (not training)
         self.refresh_data()
         if not resuming:
             self._initialize()
@@ -116,8 +117,9 @@ class Trainer:
 
     def refresh_data(self) -> None:
         """(Re)read the data (it may grow while training) and compute missing features:
-        rank 0 fills the store, the others wait for it and reopen it."""
-        a = self.args
+        rank 0 fills the store, the others wait for it and reopen it. Its CPU time goes to
+        `data_seconds`, not to the training steps' core-hours (recipes compare per step's worth)."""
+        a, cpu = self.args, time.process_time()
         seqs = []
         for k, t, spans in load_sequences(a.data):
             spans = [(s, min(e, a.max_len)) for s, e in spans if s < min(e, a.max_len) - 1]
@@ -143,6 +145,7 @@ class Trainer:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
         self.seqs = seqs
+        self.data_seconds += time.process_time() - cpu
 
     def _new_drafter(self) -> Drafter:
         """The drafter a fresh run starts from (its first weights: `_initialize`), checked
@@ -306,9 +309,9 @@ class Trainer:
         with StepBar(self.total, st.step, enabled=a.progress and self.rank == 0) as bar:
             try:
                 while budget_spent(a, st, self.total) < 1.0:
-                    cpu = time.process_time()  # every thread's: a paused or waiting job is not charged
+                    cpu, self.data_seconds = time.process_time(), 0.0  # every thread's: a paused job is not charged
                     out = self.step()
-                    st.core_seconds += time.process_time() - cpu
+                    st.core_seconds += time.process_time() - cpu - self.data_seconds
                     st.elapsed = time.perf_counter() - t_start
                     self.threads.poll()
                     if out is not None:
