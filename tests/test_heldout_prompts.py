@@ -5,6 +5,7 @@ one file per kind plus all 40 together, each record with its kind in a `set` fie
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -15,6 +16,22 @@ from dflash_mlx.train.prompts import collect_prompts
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 KINDS = {"chat": "chat", "code": "humaneval", "math": "math", "stdlib": "stdlib"}
+
+
+def test_committed_training_answers_leave_the_heldout_prompts_out():
+    """The answers committed in assets/train (every record, sampled and multi-turn ones too:
+    ids `<prompt>@t0.8`, `<prompt>/turns2`) answer no held-out prompt, and no self-instruct
+    prompt they answer repeats a held-out prompt's text."""
+    train_dir = PROMPTS.parent / "train"
+    held = [json.loads(line) for line in (PROMPTS / "heldout.jsonl").read_text().splitlines()]
+    with gzip.open(train_dir / "smollm2-train.jsonl.gz", "rt") as fh:
+        answered = {json.loads(line)["id"].split("@")[0].split("/turns")[0] for line in fh}
+    assert len(answered) > 1000 and not answered & {r["id"] for r in held}
+    with gzip.open(train_dir / "smollm2-instructions.jsonl.gz", "rt") as fh:
+        instructions = [json.loads(line) for line in fh]
+    assert {r["id"] for r in instructions} & answered  # the self-instruct prompts are among those answered
+    held_texts = {r["messages"][-1]["content"].strip().lower() for r in held}
+    assert not [r["id"] for r in instructions if r["messages"][-1]["content"].strip().lower() in held_texts]
 
 
 def test_shipped_heldout_sets_stay_out_of_training():
