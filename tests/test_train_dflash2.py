@@ -186,7 +186,7 @@ def test_dflash2_from_v1_drafts_exactly_as_v1(default_model):
     """The shipped v1 drafter turned into DFlash2: same hidden states and draft on a real
     block, and the same tokens and accepted lengths over a real generation."""
     model, tokenizer = default_model
-    v1 = load_draft(str(DEFAULT_DRAFT_DIR))
+    v1 = load_draft(str(DEFAULT_DRAFT_DIR), draft_vocab="none")  # as init_from: the whole vocabulary
     v2 = init_from(str(DEFAULT_DRAFT_DIR), v1.config.block_size, SMOL2)
     assert isinstance(v2, Drafter2) and v2.config.target_layer_ids == v1.config.target_layer_ids
     (h1, t1), (h2, t2) = real_block(model, tokenizer, v1), real_block(model, tokenizer, v2)
