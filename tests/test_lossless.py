@@ -18,6 +18,7 @@ import pytest
 from dflash_mlx import make_prompt_cache, stream_generate
 from dflash_mlx.adaptive import BlockSizePolicy, TreePolicy, Width
 from conftest import smollm2_drafter_config
+from test_tree_policy import rows_cost
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
 
@@ -115,11 +116,12 @@ def test_baseline_path_equals_mlx_lm(default_model, references):
 
 
 class RowCostPolicy(TreePolicy):
-    """The loop's default policy, charged a fixed cost per verified row instead of the wall
-    time: its choices then follow what the drafts had accepted, not the machine's load."""
+    """The loop's default policy, charged a fixed cost per verified row (`rows_cost`, the policy
+    tests' CPU-shaped curve) instead of the wall time: its choices then follow what the drafts
+    had accepted, not the machine's load."""
 
     def update_width(self, width: Width, accepted: int, seconds: float, chain=None) -> None:
-        super().update_width(width, accepted, 1.0 if width.size == 1 else 1.6 + 0.05 * width.size, chain)
+        super().update_width(width, accepted, rows_cost(width), chain)
 
 
 @pytest.mark.parametrize("block_size", [16, None])

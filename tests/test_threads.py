@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import sys
+import time
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import numpy as np

@@ -95,7 +95,7 @@ class Trainer:
         self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
         self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
         self.threads = ThreadControl(args.threads)  # also for the feature pass
-        self.data_seconds = 0.0  # CPU time of the last refresh_data (not training)
+        self.data_seconds = 0.0  # CPU time of refresh_data during the current step (not training)
         self.refresh_data()
         if not resuming:
             self._initialize()
