@@ -108,6 +108,14 @@ def test_writer_keeps_heldout_out_and_resumes(tmp_path, monkeypatch, default_mod
         len(ids) == 5 and len(set(ids)) == 5 and [r["messages"][0]["content"] for r in iter_records(first)][:3] == kept
     )
 
+    # the log lost (only the kept file is committed): the rerun asks none of the old requests again
+    (first.parent / "instructions.log.jsonl").unlink()
+    write_instructions(first, empty, 6, **common)
+    last = max(int(i.rsplit("/", 1)[1]) for i in ids)
+    asked = [r["request"] for r in iter_records(first.parent / "instructions.log.jsonl")]
+    assert asked and min(asked) > last
+    assert [r["id"] for r in iter_records(first)][:5] == ids and len(list(iter_records(first))) == 6
+
 
 def test_conversation_record_spans():
     ctx1, ans1 = [1, 2, 3], [10, 11, 2]

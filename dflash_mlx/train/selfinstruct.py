@@ -375,7 +375,8 @@ def write_instructions(
     ``{"id": "si/<seed>/<request>", "source": "selfinstruct", "kind", "messages"}``, appended
     as they come; another seed writes other requests under other ids), or
     until 8 n requests are spent. Every request's raw output and fate go to
-    ``<stem>.log.jsonl`` beside it; a rerun skips logged requests and continues. Returns
+    ``<stem>.log.jsonl`` beside it; a rerun skips logged requests and those before the last
+    kept one (the log may be lost), and continues. Returns
     the counts of kept and dropped messages (by reason)."""
     import mlx.core as mx
 
@@ -394,12 +395,16 @@ def write_instructions(
     for rec in kept:
         filt.kept.add(rec["messages"][0]["content"])
     tried = {r["request"] for r in iter_records(log_path)} if log_path.is_file() else set()
+    # Requests go in order, so every one before the last kept was tried, even where the log
+    # is lost (only the kept file is committed): asking them again would write duplicates.
+    ours = [int(r["id"].rsplit("/", 1)[1]) for r in kept if r["id"].startswith(f"si/{seed}/")]
+    i, limit = max(ours, default=-1) + 1, 8 * n
+    tried |= set(range(i))
     stats: dict[str, int] = defaultdict(int)
     model, tokenizer = load(model_path)
     control = ThreadControl(threads)
     log(f"{len(kept)} of {n} instructions written, {len(tried)} requests tried; {control.describe()}")
     mx.random.seed(seed + len(tried))
-    i, limit = 0, 8 * n
     with open(out, "a") as fo, open(log_path, "a") as fl, StepBar(n, len(kept), progress, "instructions") as bar:
         while len(kept) < n and i < limit:
             requests = []
