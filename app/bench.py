@@ -229,6 +229,7 @@ def run_bench(
     fixed_trees: Sequence[int] = (),
     kinds: Optional[Sequence[str]] = None,
     sharding: Optional[str] = None,
+    fixed_lookups: Sequence[int] = (),
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method (and, where
     `kinds` gives the prompts more than one kind, the rows of each kind). `draft_path`
@@ -237,7 +238,8 @@ def run_bench(
     once more with each of `fixed_sizes`, and once more for each further draft vocabulary
     of `draft_vocab` (comma-separated files or 'none'; the first is ours'), and once more
     with each tree budget of `fixed_trees` at a fixed block (`options`' or the drafter's;
-    0: the chain). `sharding`: the target sharded under mlx.launch (`load`'s), without
+    0: the chain), and once more with each prompt-lookup length of `fixed_lookups` (0: off).
+    `sharding`: the target sharded under mlx.launch (`load`'s), without
     z-lab's loop, which runs in one process."""
     from dflash_mlx import load, load_draft
     from dflash_mlx.defaults import default_model_path
@@ -263,12 +265,13 @@ def run_bench(
                 fixed_trees,
                 kinds,
                 sharding,
+                fixed_lookups,
             )
     draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
     vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
     drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
     drafter = drafters[0]
-    methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, fixed_sizes, fixed_trees)
+    methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, fixed_sizes, fixed_trees, fixed_lookups)
     zlab = _zlab_method(model_dir, draft_dir, options.block_limit(drafter), max_tokens) if reference else None
     if zlab is not None:
         methods["z-lab MLX (reference)"] = zlab
@@ -305,9 +308,11 @@ def _methods(
     max_tokens: int,
     fixed_sizes: Sequence[int],
     fixed_trees: Sequence[int] = (),
+    fixed_lookups: Sequence[int] = (),
 ) -> tuple[dict[str, Callable], dict[str, object]]:
     """Plain mlx-lm and our runs by name (with `options`, each fixed size, each fixed tree
-    budget, each further drafter), and the drafter of each row that gets a draft time."""
+    budget, each prompt-lookup length, each further drafter), and the drafter of each row
+    that gets a draft time."""
     import mlx_lm
 
     from dflash_mlx import make_policy, stream_generate
@@ -342,6 +347,9 @@ def _methods(
     for budget in fixed_trees:
         name = f"dflash-mlx B={block} " + (f"tree {budget}" if budget else "chain")
         methods[name] = ours(replace(options, block_size=block, tree_budget=budget))
+    for n in fixed_lookups:
+        if n != options.lookup:
+            methods[f"dflash-mlx lookup {n}" if n else "dflash-mlx no lookup"] = ours(replace(options, lookup=n))
     timed = {"dflash-mlx (ours)": drafter}
     for other in drafters[1:]:
         name = f"dflash-mlx vocab {_vocab_label(other)}"

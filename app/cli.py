@@ -28,6 +28,10 @@ TREE_HELP = (
     "Draft-tree nodes per cycle (plain attention targets; 0: chains only; "
     "default: chosen per cycle when the block size is adaptive)."
 )
+LOOKUP_HELP = (
+    "Prompt lookup: the longest context suffix matched; what followed it before joins each draft tree "
+    "as a path (0: off)."
+)
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
 SHARDING_HELP = "Under mlx.launch: shard the target by mlx-lm's tensor or pipeline parallelism (default: auto)."
 
@@ -106,6 +110,7 @@ def generate(
         DEFAULTS.block_size, "--block-size", help="Tokens verified per cycle, 2 .. the drafter's (default: adaptive)."
     ),
     tree_budget: Optional[int] = typer.Option(DEFAULTS.tree_budget, "--tree-budget", help=TREE_HELP),
+    lookup: int = typer.Option(DEFAULTS.lookup, "--lookup", help=LOOKUP_HELP),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     no_kernels: bool = typer.Option(
@@ -138,7 +143,16 @@ def generate(
     kv.update(draft_window=draft_window, draft_sink=draft_sink)
     cache = None
     options = DecodeOptions(
-        temp, top_p, top_k, seed, block_size, kernels=_kernels(no_kernels), profile=True, tree_budget=tree_budget, **kv
+        temp,
+        top_p,
+        top_k,
+        seed,
+        block_size,
+        kernels=_kernels(no_kernels),
+        profile=True,
+        tree_budget=tree_budget,
+        lookup=lookup,
+        **kv,
     )
     target, tokenizer = load(model, sharding=choose_sharding(sharding))
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
@@ -215,6 +229,10 @@ def bench(
         "",
         "--tree-budget",
         help="Also run ours with these fixed tree budgets at the block size (0: the chain), e.g. 0,4,8,16,32.",
+    ),
+    lookup: int = typer.Option(DEFAULTS.lookup, "--lookup", help=LOOKUP_HELP),
+    lookup_rows: str = typer.Option(
+        "", "--lookup-rows", help="Also run ours with these prompt-lookup lengths (0: off), e.g. 0."
     ),
     verify_cost: bool = typer.Option(
         False, "--verify-cost", help="Time a verify of n = 1..64 rows against a plain step instead (T(n)/T(1))."
@@ -294,6 +312,7 @@ def bench(
     options = DecodeOptions(
         block_size=block_size,
         kernels=kernels,
+        lookup=lookup,
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
@@ -312,6 +331,7 @@ def bench(
             draft_vocab=draft_vocab,
             fixed_trees=[int(n) for n in tree_budget.split(",") if n.strip()],
             kinds=kinds,
+            fixed_lookups=[int(n) for n in lookup_rows.split(",") if n.strip()],
             sharding=choose_sharding(sharding),
         )
     if not is_leader():  # every rank ran the same bench; rank 0 reports it
@@ -394,6 +414,7 @@ def serve(
         DEFAULTS.block_size, "--block-size", help="Fixed block size (default: adaptive)."
     ),
     tree_budget: Optional[int] = typer.Option(DEFAULTS.tree_budget, "--tree-budget", help=TREE_HELP),
+    lookup: int = typer.Option(DEFAULTS.lookup, "--lookup", help=LOOKUP_HELP),
     max_tokens: int = typer.Option(512, "--max-tokens", help="For requests that do not set max_tokens."),
     no_kernels: bool = typer.Option(
         False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
@@ -414,6 +435,7 @@ def serve(
         block_size=block_size,
         kernels=_kernels(no_kernels),
         tree_budget=tree_budget,
+        lookup=lookup,
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,

@@ -26,6 +26,7 @@ from .drafter import Drafter
 from .rollback import Checkpoint, keep_rows
 from .sampling import SamplingParams, accept, log_softmax
 from .target import Target
+from .lookup import lookup
 from .tree import build_tree, top_candidates, walk
 
 PREFILL_STEP = 2048
@@ -77,9 +78,11 @@ class Cycles:
         sampling: SamplingParams,
         profile: bool,
         full_blocks: bool = False,
+        lookup: int = 0,
     ):
         self.target, self.drafter, self.cache = target, draft_model, cache
         self.sampling, self.profile, self.full_blocks = sampling, profile, full_blocks
+        self.lookup = lookup  # prompt lookup's longest suffix in tree cycles (0: off)
         self._fed: Optional[Cycle] = None  # a queued cycle whose lazy token a plain step was queued on
 
     def read(self, cycle: Cycle) -> list[int]:
@@ -185,7 +188,8 @@ class Cycles:
         block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
         proposals = drafter.propose(block, cache.draft, target)[:depth]  # (depth, V)
         logprobs, ids = top_candidates(proposals, budget)
-        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth)
+        guess = lookup(self.cache.tokens + [token], depth, self.lookup) if self.lookup else []
+        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess)
         drafting = time.perf_counter() - tic if self.profile else 0.0
         start = cache.target[0].offset
         positions = tree.positions(start)  # (n + 1,)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 
 from .kernels import metal_ready
+from .lookup import MAX_NGRAM
 from .sampling import SamplingParams, fresh_seed
 
 __all__ = ["DecodeOptions", "OptionError"]
@@ -93,6 +94,11 @@ class DecodeOptions:
         TREE,
         "draft-tree nodes per cycle (targets with trees); 0: chains "
         "only; None: chosen per cycle when the block size is adaptive",
+    )
+    lookup: int = option(
+        MAX_NGRAM,
+        COUNT,
+        "prompt lookup: longest context suffix matched; what followed it joins draft trees as a path; 0: off",
     )
     draft_window: Optional[int] = option(
         None,

@@ -162,7 +162,8 @@ def _setup(
     else:
         policy = None
     full_blocks = policy is not None
-    return Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks), policy, trees
+    cycles = Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks, options.lookup)
+    return cycles, policy, trees
 
 
 def make_policy(model: nn.Module, draft_model: Drafter, trees: bool = True) -> BlockSizePolicy:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -95,7 +97,15 @@ def top_candidates(logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
     return mx.take_along_axis(values, order, axis=-1), mx.take_along_axis(ids, order, axis=-1)
 
 
-def build_tree(root: int, logprobs: np.ndarray, ids: np.ndarray, budget: int, max_depth: int) -> Tree:
+def build_tree(
+    root: int,
+    logprobs: np.ndarray,
+    ids: np.ndarray,
+    budget: int,
+    max_depth: int,
+    guess: Sequence[int] = (),
+    guess_logprob: float = math.log(0.5),
+) -> Tree:
     """The `budget` most likely draft paths as a tree below `root`, best first.
 
     logprobs, ids (D, K): each depth's candidates, most likely first (`top_candidates`);
@@ -103,27 +113,44 @@ def build_tree(root: int, logprobs: np.ndarray, ids: np.ndarray, budget: int, ma
     first child (rank 0 at the next depth) and its next sibling (the next rank at its
     depth) are the only nodes that can come next after it, so the heap holds at most
     two entries per node taken, and nodes come out in non-increasing score (a child
-    or a later sibling is never more likely). Ties go to the entry pushed first."""
+    or a later sibling is never more likely). Ties go to the entry pushed first.
+
+    `guess`: one more path below the root (prompt lookup's, `lookup.py`), each token
+    scored `guess_logprob`, so that it competes with the candidates: it goes deep where
+    the drafter is unsure and yields where the drafter is confident. A node's score is its
+    parent's plus the better of its two readings (its candidate log-probability; the
+    guess's, on the guess path), so a token both hold is one node, and candidates go on
+    below guessed nodes too."""
     max_depth = min(max_depth, logprobs.shape[0])
     tokens, parents, depths, scores = [root], [-1], [0], [0.0]
+    node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
     count = itertools.count()  # tie-break: the entry pushed first
-    heap: list[tuple[float, int, int, int, int, float]] = []  # (-score, order, depth row, rank, parent, parent score)
+    # (-score, order, depth row, rank (-1: the guess), parent, parent score)
+    heap: list[tuple[float, int, int, int, int, float]] = []
 
     def push(row: int, rank: int, parent: int, base: float) -> None:
-        if row < max_depth and rank < ids.shape[1] and np.isfinite(logprobs[row, rank]):
-            score = base + float(logprobs[row, rank])
-            heapq.heappush(heap, (-score, next(count), row, rank, parent, base))
+        if rank < 0 and row < min(max_depth, len(guess)):
+            heapq.heappush(heap, (-(base + guess_logprob), next(count), row, rank, parent, base))
+        elif 0 <= rank < ids.shape[1] and row < max_depth and np.isfinite(logprobs[row, rank]):
+            heapq.heappush(heap, (-(base + float(logprobs[row, rank])), next(count), row, rank, parent, base))
 
     push(0, 0, 0, 0.0)
+    push(0, -1, 0, 0.0)
     while heap and len(tokens) <= budget:
         neg, _, row, rank, parent, base = heapq.heappop(heap)
-        node = len(tokens)
-        tokens.append(int(ids[row, rank]))
-        parents.append(parent)
-        depths.append(row + 1)
-        scores.append(-neg)
-        push(row + 1, 0, node, -neg)  # its first child
-        push(row, rank + 1, parent, base)  # its next sibling
+        token = int(guess[row] if rank < 0 else ids[row, rank])
+        node = node_of.get((parent, token))
+        if node is None:  # else: a node the guess and a candidate share, placed by the better
+            node = node_of[parent, token] = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            depths.append(row + 1)
+            scores.append(-neg)
+            push(row + 1, 0, node, -neg)  # its first child
+        if rank < 0:
+            push(row + 1, -1, node, scores[node])  # the guess goes on, from its node's best score
+        else:
+            push(row, rank + 1, parent, base)  # a candidate's next sibling
     return Tree(tokens, parents, depths, scores)
 
 

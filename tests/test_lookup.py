@@ -1,0 +1,109 @@
+"""Prompt lookup (`dflash_mlx/lookup.py`) and its path in draft trees (`build_tree(forced=)`):
+
+* `lookup` returns what followed the latest earlier occurrence of the longest suffix, as a
+  brute-force scan finds it, within its window, and nothing where no suffix recurs;
+* a guess path competes with the drafter's candidates best first, scored per token, and
+  shares the nodes where they agree;
+* in the loop it is only ever a guess: greedy output stays mlx-lm's with the lookup on or
+  off (at a fixed tree and with the adaptive policy), and on a repetitive answer it commits
+  more tokens a cycle than the drafter alone does (test_tree.py checks sampling through trees).
+"""
+
+from __future__ import annotations
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import numpy as np
+import pytest
+
+from dflash_mlx import DecodeOptions
+from dflash_mlx.lookup import lookup
+from dflash_mlx.speculative import generate_step
+from dflash_mlx.stats import GenerationStats
+from dflash_mlx.targets import make_target
+from dflash_mlx.tree import build_tree
+from test_targets import random_drafter, reference
+from test_tree import random_candidates
+from tiny_targets import tiny_target
+
+
+def brute_lookup(ctx: list[int], k: int, max_ngram: int) -> list[int]:
+    for n in range(min(max_ngram, len(ctx) - 1), 0, -1):
+        for i in range(len(ctx) - n - 1, -1, -1):
+            if ctx[i : i + n] == ctx[-n:]:
+                return ctx[i + n : i + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lookup_finds_the_latest_longest_match(seed):
+    rng = np.random.default_rng(seed)
+    ctx = rng.integers(0, 6, size=int(rng.integers(2, 80))).tolist()  # few symbols: many matches
+    for max_ngram in (1, 2, 4):
+        assert lookup(ctx, 5, max_ngram, window=0) == brute_lookup(ctx, 5, max_ngram)
+
+
+def test_lookup_examples_and_window():
+    assert lookup([1, 2, 3, 9, 9, 1, 2, 3], 3) == [9, 9, 1]  # suffix 1 2 3 seen at 0: what followed
+    assert lookup([1, 2, 3, 7, 2, 3], 2) == [7, 2]  # longest suffix "2 3" (not "3" alone)
+    assert lookup([5, 1, 5, 2, 5], 1) == [2]  # the latest occurrence
+    assert lookup([1, 2, 3, 4], 3) == [] and lookup([7], 3) == []
+    assert lookup([1, 8, 0, 0, 0, 0, 1], 2, window=4) == []  # the old "1" is out of the window
+    assert lookup([1, 8, 0, 0, 0, 0, 1], 2, window=0) == [8, 0]
+
+
+@pytest.mark.parametrize("budget,max_depth", [(8, 4), (6, 2), (12, 3)])
+@pytest.mark.parametrize("guess_logprob", [-0.1, -1.0, -30.0])
+def test_the_guess_competes_with_the_candidates_best_first(budget, max_depth, guess_logprob):
+    lp, ids = random_candidates(4, 4, seed=budget)
+    guess = [int(ids[0, 0]), int(ids[1, 2]), 7, 7]  # shares depth 1 with the drafter's best, then parts
+    tree = build_tree(11, lp, ids, budget, max_depth, guess, guess_logprob)
+    assert tree.size == budget
+    nodes = range(1, tree.size + 1)
+    assert all(tree.parents[i] < i and tree.depths[i] == tree.depths[tree.parents[i]] + 1 for i in nodes)
+    siblings = [(tree.parents[i], tree.tokens[i]) for i in nodes]
+    assert len(set(siblings)) == len(siblings)  # shared tokens are one node
+    assert all(a >= b for a, b in zip(tree.scores[1:], tree.scores[2:]))  # best first
+    # the tree holds the best `budget` of all paths, a path scored as its parent plus the
+    # better reading of its last token: a candidate's log-probability, or the guess's
+    paths: dict[tuple[int, ...], float] = {(): 0.0}
+    for d in range(max_depth):
+        for path, base in [(p, s) for p, s in paths.items() if len(p) == d]:
+            for token in set(ids[d].tolist()) | {guess[d]}:
+                read = [float(lp[d, r]) for r in range(ids.shape[1]) if ids[d, r] == token]
+                if list(path) + [token] == guess[: d + 1]:
+                    read.append(guess_logprob)
+                if read:
+                    paths[path + (token,)] = base + max(read)
+    del paths[()]
+    in_tree = {tuple(tree.tokens[j] for j in tree.path(i)) for i in nodes}
+    if guess_logprob > -1:  # a likely guess: its whole path is in
+        assert tuple(guess[: min(len(guess), max_depth)]) in in_tree
+    if guess_logprob < -20:  # an unlikely one: only where the drafter has it too
+        assert all(path in in_tree for path in sorted(paths, key=paths.get, reverse=True)[:budget])
+        assert (guess[0], guess[1], 7) not in in_tree
+
+
+def run(model, drafter, prompt, n, **kw):
+    """Our first n tokens and the run's stats."""
+    stats = GenerationStats()
+    steps = generate_step(prompt, model, drafter, DecodeOptions(**kw), max_tokens=n, stats=stats)
+    out = []
+    for committed, _, _ in steps:
+        out += committed
+        if len(out) >= n:
+            break
+    steps.close()
+    return out[:n], stats
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_lookup_is_lossless_and_pays_on_repeats(name):
+    model = tiny_target(name, scale=2.0)
+    drafter = random_drafter(make_target(model), 0)
+    prompt = [3, 17, 29, 41, 5, 60] * 4  # the answer repeats itself here and there: the lookup guesses right
+    want = reference(model, prompt, 48)
+    (on, with_lookup), (off, without) = (run(model, drafter, prompt, 48, tree_budget=6, lookup=k) for k in (4, 0))
+    assert on == want and off == want
+    assert with_lookup.mean_acceptance > without.mean_acceptance, (with_lookup.mean_acceptance, without.mean_acceptance)
+    for k in (1, 4):  # the adaptive policy, trees and chains
+        assert run(model, drafter, prompt, 48, lookup=k)[0] == want
