@@ -1,7 +1,7 @@
 """dflash-chat: a terminal chat that shows DFlash speculative decoding at work.
 
     dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
-                [--top-k K] [--block-size B] [--tree-budget N] [--max-tokens N] [--system TEXT] [--no-draft]
+                [--top-k K] [--block-size B] [--tree-budget N] [--lookup N] [--max-tokens N] [--system TEXT] [--no-draft]
                 [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N] [--prompt-cache-file FILE]
 
 All model work happens on the engine's worker thread (`engine.py`); the widgets are in
@@ -332,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.tree_budget,
         help="draft-tree nodes per cycle (0: chains only; default: chosen per cycle with an adaptive block size)",
     )
+    p.add_argument(
+        "--lookup", type=int, default=d.lookup, help="prompt lookup: longest context suffix matched (0: off)"
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--draft-vocab", default=None, help="draft vocabulary file, or 'none' (default: the drafter's own)")
@@ -359,6 +362,7 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
         block_size=args.block_size,
         kernels=kernels,
         tree_budget=args.tree_budget,
+        lookup=args.lookup,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
