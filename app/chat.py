@@ -1,8 +1,8 @@
 """dflash-chat: a terminal chat that shows DFlash speculative decoding at work.
 
     dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
-                [--top-k K] [--block-size B] [--tree-budget N] [--lookup N] [--max-tokens N] [--system TEXT] [--no-draft]
-                [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N] [--prompt-cache-file FILE]
+                [--top-k K] [--block-size B] [--tree-budget N] [--lookup N] [--max-tokens N] [--system TEXT]
+                [--no-draft] [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N] [--prompt-cache-file FILE]
 
 All model work happens on the engine's worker thread (`engine.py`); the widgets are in
 `widgets.py`, the conversation's data in `session.py` and the look in `chat.tcss`. This
