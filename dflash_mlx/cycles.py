@@ -23,10 +23,10 @@ import numpy as np
 
 from .cache import PromptCache
 from .drafter import Drafter
+from .lookup import lookup
 from .rollback import Checkpoint, keep_rows
 from .sampling import SamplingParams, accept, log_softmax
 from .target import Target
-from .lookup import lookup
 from .tree import build_tree, top_candidates, walk
 
 PREFILL_STEP = 2048
@@ -181,8 +181,9 @@ class Cycles:
 
     def tree(self, token: int, budget: int, depth: int) -> Cycle:
         """Draft a tree of up to `budget` nodes, at most `depth` deep, below `token` (from one
-        drafter forward over the whole block), verify root + nodes in one target forward,
-        walk it with the target's rule and keep the accepted path."""
+        drafter forward over the whole block, and prompt lookup's guess: `lookup.py`), verify
+        root + nodes in one target forward, walk it with the target's rule and keep the
+        accepted path."""
         cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
         cache.flush()
         block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])

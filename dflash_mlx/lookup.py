@@ -3,7 +3,7 @@
 Answers repeat their context: code reuses the names it defined, chat restates the question
 and keeps to the pattern of its own lists. Where the last few committed tokens occurred
 before, the tokens that followed them then are a guess at what follows now (prompt lookup
-decoding). A draft tree takes that guess as one more path (`tree.build_tree`'s `forced`):
+decoding). A draft tree takes that guess as one more path (`tree.build_tree`'s `guess`):
 the target verifies it like any draft, so the output does not change, only how many
 tokens a cycle commits. It helps where the small drafter is weakest: on the shipped
 SmolLM2 pair, held-out chat and code.

@@ -20,7 +20,9 @@ decoders: llama, mistral, qwen2, qwen3, qwen3_moe; hybrid and sliding-window tar
 keep the chain). With an adaptive block size (the default), a `TreePolicy` chooses per
 cycle between a plain step, a chain of b and a tree of n nodes, from measured acceptance
 and cost: trees where rows are cheap (a GPU), mostly chains where they are not (a CPU);
-`tree_budget=0`: chains only, whatever the policy.
+`tree_budget=0`: chains only, whatever the policy. Every tree also holds prompt lookup's
+guess, what followed the latest earlier occurrence of the context's last tokens
+(`DecodeOptions.lookup`, `lookup.py`).
 """
 
 from __future__ import annotations
