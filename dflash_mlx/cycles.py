@@ -189,7 +189,7 @@ class Cycles:
         block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
         proposals = drafter.propose(block, cache.draft, target)[:depth]  # (depth, V)
         logprobs, ids = top_candidates(proposals, budget)
-        guess = lookup(self.cache.tokens + [token], depth, self.lookup) if self.lookup else []
+        guess = lookup(cache.tokens + [token], depth, self.lookup) if self.lookup else []
         tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess)
         drafting = time.perf_counter() - tic if self.profile else 0.0
         start = cache.target[0].offset

@@ -1,4 +1,4 @@
-"""Prompt lookup (`dflash_mlx/lookup.py`) and its path in draft trees (`build_tree(forced=)`):
+"""Prompt lookup (`dflash_mlx/lookup.py`) and its path in draft trees (`build_tree(guess=)`):
 
 * `lookup` returns what followed the latest earlier occurrence of the longest suffix, as a
   brute-force scan finds it, within its window, and nothing where no suffix recurs;
@@ -15,14 +15,12 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import numpy as np
 import pytest
 
-from dflash_mlx import DecodeOptions
 from dflash_mlx.lookup import lookup
-from dflash_mlx.speculative import generate_step
-from dflash_mlx.stats import GenerationStats
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import build_tree
 from test_targets import random_drafter, reference
 from test_tree import random_candidates
+from test_tree_loop import run
 from tiny_targets import tiny_target
 
 
@@ -75,6 +73,7 @@ def test_the_guess_competes_with_the_candidates_best_first(budget, max_depth, gu
                 if read:
                     paths[path + (token,)] = base + max(read)
     del paths[()]
+    np.testing.assert_allclose(tree.scores[1:], sorted(paths.values(), reverse=True)[:budget], rtol=1e-6)
     in_tree = {tuple(tree.tokens[j] for j in tree.path(i)) for i in nodes}
     if guess_logprob > -1:  # a likely guess: its whole path is in
         assert tuple(guess[: min(len(guess), max_depth)]) in in_tree
@@ -83,27 +82,14 @@ def test_the_guess_competes_with_the_candidates_best_first(budget, max_depth, gu
         assert (guess[0], guess[1], 7) not in in_tree
 
 
-def run(model, drafter, prompt, n, **kw):
-    """Our first n tokens and the run's stats."""
-    stats = GenerationStats()
-    steps = generate_step(prompt, model, drafter, DecodeOptions(**kw), max_tokens=n, stats=stats)
-    out = []
-    for committed, _, _ in steps:
-        out += committed
-        if len(out) >= n:
-            break
-    steps.close()
-    return out[:n], stats
-
-
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
 def test_lookup_is_lossless_and_pays_on_repeats(name):
     model = tiny_target(name, scale=2.0)
     drafter = random_drafter(make_target(model), 0)
     prompt = [3, 17, 29, 41, 5, 60] * 4  # the answer repeats itself here and there: the lookup guesses right
     want = reference(model, prompt, 48)
-    (on, with_lookup), (off, without) = (run(model, drafter, prompt, 48, tree_budget=6, lookup=k) for k in (4, 0))
+    (on, with_lookup), (off, without) = (run(model, prompt, drafter, 48, tree_budget=6, lookup=k) for k in (4, 0))
     assert on == want and off == want
     assert with_lookup.mean_acceptance > without.mean_acceptance, (with_lookup.mean_acceptance, without.mean_acceptance)
     for k in (1, 4):  # the adaptive policy, trees and chains
-        assert run(model, drafter, prompt, 48, lookup=k)[0] == want
+        assert run(model, prompt, drafter, 48, lookup=k)[0] == want
