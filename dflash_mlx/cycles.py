@@ -23,7 +23,7 @@ import numpy as np
 
 from .cache import PromptCache
 from .drafter import Drafter
-from .lookup import lookup
+from .lookup import WINDOW, GuessRecord, lookup
 from .rollback import Checkpoint, keep_rows
 from .sampling import SamplingParams, accept, log_softmax
 from .target import Target
@@ -83,6 +83,7 @@ class Cycles:
         self.target, self.drafter, self.cache = target, draft_model, cache
         self.sampling, self.profile, self.full_blocks = sampling, profile, full_blocks
         self.lookup = lookup  # prompt lookup's longest suffix in tree cycles (0: off)
+        self.guesses = GuessRecord()  # how often the lookup's guesses were right, in this generation
         self._fed: Optional[Cycle] = None  # a queued cycle whose lazy token a plain step was queued on
 
     def read(self, cycle: Cycle) -> list[int]:
@@ -181,16 +182,16 @@ class Cycles:
 
     def tree(self, token: int, budget: int, depth: int) -> Cycle:
         """Draft a tree of up to `budget` nodes, at most `depth` deep, below `token` (from one
-        drafter forward over the whole block, and prompt lookup's guess: `lookup.py`), verify
-        root + nodes in one target forward, walk it with the target's rule and keep the
-        accepted path."""
+        drafter forward over the whole block, and prompt lookup's guess, which may go below
+        the block: `lookup.py`), verify root + nodes in one target forward, walk it with the
+        target's rule and keep the accepted path."""
         cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
         cache.flush()
         block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
-        proposals = drafter.propose(block, cache.draft, target)[:depth]  # (depth, V)
+        proposals = drafter.propose(block, cache.draft, target)[:depth]  # (min(depth, B - 1), V)
         logprobs, ids = top_candidates(proposals, budget)
-        guess = lookup(cache.tokens + [token], depth, self.lookup) if self.lookup else []
-        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess)
+        guess = lookup(cache.tokens[-WINDOW:] + [token], depth, self.lookup) if self.lookup else []
+        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess, self.guesses.logprob)
         drafting = time.perf_counter() - tic if self.profile else 0.0
         start = cache.target[0].offset
         positions = tree.positions(start)  # (n + 1,)
@@ -212,6 +213,7 @@ class Cycles:
         kept = mx.array(rows)
         drafter.append_context(features[:, kept], cache.draft)
         committed = [tree.tokens[i] for i in path] + [bonus]
+        self.guesses.observe(guess, committed)
         logprobs = list(log_softmax(logits[kept]))
         shown = chain_shown(chain, committed)
         return Cycle(tree.size + 1, len(path), logprobs, drafting, committed, tree=True, chain=shown)

@@ -3,14 +3,21 @@
 Answers repeat their context: code reuses the names it defined, chat restates the question
 and keeps to the pattern of its own lists. Where the last few committed tokens occurred
 before, the tokens that followed them then are a guess at what follows now (prompt lookup
-decoding). A draft tree takes that guess as one more path (`tree.build_tree`'s `guess`):
+decoding). A draft tree takes that guess as one more path (`tree.build_tree`'s `guess`),
+as deep as its nodes go, below the drafter's block too (a copied span can be long):
 the target verifies it like any draft, so the output does not change, only how many
 tokens a cycle commits. It helps where the small drafter is weakest: on the shipped
 SmolLM2 pair, held-out chat and code.
+
+How much a guessed token is worth against the drafter's candidates depends on the text:
+code repeats itself more than math does. `GuessRecord` keeps a decayed count of how often
+the guesses turned out right and scores the next guess by it.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -35,3 +42,35 @@ def lookup(context: Sequence[int] | np.ndarray, k: int, max_ngram: int = MAX_NGR
             follow = int(hits[-1]) + n
             return ctx[follow : follow + k].tolist()
     return []
+
+
+@dataclass
+class GuessRecord:
+    """How often guessed tokens were right, recent cycles weighing most: `probability` is
+    (hits + 1) / (tries + 2) over counts that decay by `decay` each cycle (1/2 before any)."""
+
+    hits: float = 0.0
+    tries: float = 0.0
+    decay: float = 0.95
+
+    @property
+    def probability(self) -> float:
+        return (self.hits + 1) / (self.tries + 2)
+
+    @property
+    def logprob(self) -> float:
+        return math.log(self.probability)
+
+    def observe(self, guess: Sequence[int], committed: Sequence[int]) -> None:
+        """Count one cycle: a guessed token was tried if the committed tokens (the target's
+        own choices) reach it and match every guessed token before it. Cycles without a
+        guess leave the record as it is."""
+        if not len(guess):
+            return
+        self.hits *= self.decay
+        self.tries *= self.decay
+        for want, got in zip(guess, committed):
+            self.tries += 1
+            if want != got:
+                break
+            self.hits += 1

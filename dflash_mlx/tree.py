@@ -109,19 +109,20 @@ def build_tree(
     """The `budget` most likely draft paths as a tree below `root`, best first.
 
     logprobs, ids (D, K): each depth's candidates, most likely first (`top_candidates`);
-    depth d + 1 of the tree uses row d. Depth is capped at min(max_depth, D). A node's
+    depth d + 1 of the tree uses row d, down to min(max_depth, D). A node's
     first child (rank 0 at the next depth) and its next sibling (the next rank at its
     depth) are the only nodes that can come next after it, so the heap holds at most
     two entries per node taken, and nodes come out in non-increasing score (a child
     or a later sibling is never more likely). Ties go to the entry pushed first.
 
-    `guess`: one more path below the root (prompt lookup's, `lookup.py`), each token
-    scored `guess_logprob`, so that it competes with the candidates: it goes deep where
+    `guess`: one more path below the root (prompt lookup's, `lookup.py`), down to
+    min(max_depth, len(guess)) (below the candidates' rows too), each token scored
+    `guess_logprob`, so that it competes with the candidates: it goes deep where
     the drafter is unsure and yields where the drafter is confident. A node's score is its
     parent's plus the better of its two readings (its candidate log-probability; the
     guess's, on the guess path), so a token both hold is one node, and candidates go on
     below guessed nodes too."""
-    max_depth = min(max_depth, logprobs.shape[0])
+    rows = min(max_depth, logprobs.shape[0])  # the candidates' depth; the guess may go deeper
     tokens, parents, depths, scores = [root], [-1], [0], [0.0]
     node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
     count = itertools.count()  # tie-break: the entry pushed first
@@ -131,7 +132,7 @@ def build_tree(
     def push(row: int, rank: int, parent: int, base: float) -> None:
         if rank < 0 and row < min(max_depth, len(guess)):
             heapq.heappush(heap, (-(base + guess_logprob), next(count), row, rank, parent, base))
-        elif 0 <= rank < ids.shape[1] and row < max_depth and np.isfinite(logprobs[row, rank]):
+        elif 0 <= rank < ids.shape[1] and row < rows and np.isfinite(logprobs[row, rank]):
             heapq.heappush(heap, (-(base + float(logprobs[row, rank])), next(count), row, rank, parent, base))
 
     push(0, 0, 0, 0.0)

@@ -4,18 +4,27 @@
   brute-force scan finds it, within its window, and nothing where no suffix recurs;
 * a guess path competes with the drafter's candidates best first, scored per token, and
   shares the nodes where they agree;
+* the guesses' score comes from their record: the tokens the target's choices reached,
+  right or wrong, in counts that decay per cycle;
 * in the loop it is only ever a guess: greedy output stays mlx-lm's with the lookup on or
   off (at a fixed tree and with the adaptive policy), and on a repetitive answer it commits
-  more tokens a cycle than the drafter alone does (test_tree.py checks sampling through trees).
+  more tokens a cycle than the drafter alone does (test_tree.py checks sampling through trees);
+* the guess goes on below the drafter's block: on the real pair a cycle commits more tokens
+  than a block holds.
 """
 
 from __future__ import annotations
+
+import math
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import numpy as np
 import pytest
 
-from dflash_mlx.lookup import lookup
+from dflash_mlx.defaults import shipped_drafter_dir
+from dflash_mlx.drafters import load_drafter_dir
+from dflash_mlx.lookup import GuessRecord, lookup
+from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import build_tree
 from test_targets import random_drafter, reference
@@ -82,6 +91,18 @@ def test_the_guess_competes_with_the_candidates_best_first(budget, max_depth, gu
         assert (guess[0], guess[1], 7) not in in_tree
 
 
+@pytest.mark.parametrize("max_depth", [3, 6])
+def test_the_guess_goes_on_below_the_drafters_rows(max_depth):
+    lp, ids = random_candidates(2, 3, seed=1)  # the drafter's block: candidates for 2 depths
+    guess = [200, 201, 202, 203, 204, 205, 206]  # tokens no candidate holds
+    tree = build_tree(11, lp, ids, 12, max_depth, guess, -0.01)
+    deepest = max(range(tree.size + 1), key=tree.depths.__getitem__)
+    assert tree.depths[deepest] == max_depth  # the guess's own cap, not the candidates'
+    assert [tree.tokens[i] for i in tree.path(deepest)] == guess[:max_depth]
+    below = [tree.tokens[i] for i in range(1, tree.size + 1) if tree.depths[i] > 2]
+    assert below == guess[2:max_depth]  # below the candidates' rows: the guess alone
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
 def test_lookup_is_lossless_and_pays_on_repeats(name):
     model = tiny_target(name, scale=2.0)
@@ -93,3 +114,37 @@ def test_lookup_is_lossless_and_pays_on_repeats(name):
     assert with_lookup.mean_acceptance > without.mean_acceptance, (with_lookup.mean_acceptance, without.mean_acceptance)
     for k in (1, 4):  # the adaptive policy, trees and chains
         assert run(model, prompt, drafter, 48, lookup=k)[0] == want
+
+
+def test_the_guess_record_counts_tried_tokens_and_forgets_slowly():
+    record = GuessRecord(decay=0.5)
+    assert record.probability == 0.5  # before any guess
+    record.observe([4, 5, 6], [4, 5, 9, 2])  # two right, the third tried and wrong
+    assert (record.hits, record.tries) == (2, 3)
+    record.observe([7, 8], [1])  # wrong at once: the second is never reached
+    assert (record.hits, record.tries) == (1, 2.5)
+    record.observe([], [3, 3])  # no guess: nothing to count, nothing forgotten
+    assert (record.hits, record.tries) == (1, 2.5)
+    record.observe([3, 3, 3], [3])  # the committed tokens reach only the first
+    assert (record.hits, record.tries) == (1.5, 2.25)
+    assert record.probability == pytest.approx(2.5 / 4.25)
+    assert record.logprob == pytest.approx(math.log(2.5 / 4.25))
+    for _ in range(200):  # a long run of right guesses: the probability nears 1 - (1 - decay) / 2
+        record.observe([1, 2], [1, 2, 3])
+    assert record.probability > 0.6 and math.isclose(record.hits, record.tries)
+
+
+def test_a_guess_below_the_block_commits_more_than_a_block(default_model):
+    """The real pair in float32: where the answer copies its context (after its short reply the
+    135M model opens a new turn of the chat template the prompt holds), a tree cycle commits
+    more tokens than the drafter's block has rows, which only the guess can reach; the
+    output stays mlx-lm's, with the adaptive policy and with a fixed tree of 16."""
+    model, tokenizer = default_model
+    drafter = load_drafter_dir(shipped_drafter_dir())
+    text = "Repeat this sentence exactly, twice: The old lighthouse keeper counted forty-two ships passing the northern rocks before dawn."
+    prompt = apply_chat_template(tokenizer, [{"role": "user", "content": text}])
+    want = reference(model, prompt, 64)
+    for kw in ({}, {"tree_budget": 16}):
+        tokens, stats = run(model, prompt, drafter, 64, **kw)
+        assert tokens == want
+        assert max(stats.accepted_lengths) > drafter.config.block_size, stats.accepted_lengths

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from dflash_mlx.adaptive import BlockSizePolicy, TreePolicy, Width, tree_prior
+from dflash_mlx.adaptive import BlockSizePolicy, CycleWidths, TreePolicy, Width, tree_prior
 
 B = 8
 
@@ -68,6 +68,13 @@ def test_width_names_and_limits():
     for _ in range(30):  # one token left: a plain step, never a tree
         assert policy.choose_width(1) == Width(1)
         policy.update_width(Width(1), 0, 1.0)
+
+
+def test_a_trees_depth_goes_as_far_as_its_nodes_and_max_tokens():
+    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=None)
+    assert [widths.depth(0, n) for n in (1, 4, 16)] == [1, 4, 16]  # below the block: the guess's room
+    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=20)
+    assert [widths.depth(p, 16) for p in (0, 10, 17, 19, 20)] == [16, 9, 2, 1, 1]  # commits <= depth + 1
 
 
 def test_chain_choices_are_the_chain_policys():
