@@ -141,7 +141,10 @@ def test_a_guess_below_the_block_commits_more_than_a_block(default_model):
     output stays mlx-lm's, with the adaptive policy and with a fixed tree of 16."""
     model, tokenizer = default_model
     drafter = load_drafter_dir(shipped_drafter_dir())
-    text = "Repeat this sentence exactly, twice: The old lighthouse keeper counted forty-two ships passing the northern rocks before dawn."
+    text = (
+        "Repeat this sentence exactly, twice: "
+        "The old lighthouse keeper counted forty-two ships passing the northern rocks before dawn."
+    )
     prompt = apply_chat_template(tokenizer, [{"role": "user", "content": text}])
     want = reference(model, prompt, 64)
     for kw in ({}, {"tree_budget": 16}):
