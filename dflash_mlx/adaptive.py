@@ -422,12 +422,13 @@ class CycleWidths:
             return Width(self.fixed_tree + 1, True)
         return Width(max(2, min(self.limit, left)))  # a fixed block verifies at least 2
 
-    def depth(self, produced: int, nodes: int) -> int:
-        """The depth cap of a tree of `nodes` after `produced` tokens: at least 1, none deeper
-        than max_tokens needs. The drafter's candidates stop at its block (`Cycles.tree`);
-        prompt lookup's guess may go on below, as deep as the nodes go."""
+    def depths(self, produced: int, nodes: int) -> tuple[int, int]:
+        """(the depth of a tree of `nodes` after `produced` tokens, its candidates' depth):
+        at least 1 and none deeper than max_tokens needs; the drafter's candidates stay
+        within the block, prompt lookup's guess may go on below, as deep as the nodes go."""
         left = self.max_tokens - produced if self.max_tokens is not None else nodes + 1
-        return max(1, min(nodes, left - 1))
+        depth = max(1, min(nodes, left - 1))
+        return depth, min(depth, self.limit - 1)
 
     def run_ahead(self, size: int, produced: int) -> bool:
         """Whether a plain step is queued before the token it feeds is read (not when the

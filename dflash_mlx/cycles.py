@@ -180,15 +180,15 @@ class Cycles:
         logprobs = list(log_softmax(logits[: accepted + 1]))
         return Cycle(size, accepted, logprobs, drafting, tokens=drafted[:accepted] + [bonus])
 
-    def tree(self, token: int, budget: int, depth: int) -> Cycle:
-        """Draft a tree of up to `budget` nodes, at most `depth` deep, below `token` (from one
-        drafter forward over the whole block, and prompt lookup's guess, which may go below
-        the block: `lookup.py`), verify root + nodes in one target forward, walk it with the
-        target's rule and keep the accepted path."""
+    def tree(self, token: int, budget: int, depth: int, rows: int) -> Cycle:
+        """Draft a tree of up to `budget` nodes, at most `depth` deep, below `token` (the
+        drafter's candidates for `rows` depths, from one forward over its whole block, and
+        prompt lookup's guess, which may go deeper: `lookup.py`), verify root + nodes in one
+        target forward, walk it with the target's rule and keep the accepted path."""
         cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
         cache.flush()
         block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
-        proposals = drafter.propose(block, cache.draft, target)[:depth]  # (min(depth, B - 1), V)
+        proposals = drafter.propose(block, cache.draft, target)[:rows]  # (rows, V)
         logprobs, ids = top_candidates(proposals, budget)
         guess = lookup(cache.tokens[-WINDOW:] + [token], depth, self.lookup) if self.lookup else []
         tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess, self.guesses.logprob)

@@ -125,7 +125,7 @@ def generate_step(
         with clock.paused():
             yield done.tokens, done.accepted, done.logprobs
         if nxt is None and width.tree:
-            nxt = cycles.tree(done.last, width.nodes, sizes.depth(produced, width.nodes))
+            nxt = cycles.tree(done.last, width.nodes, *sizes.depths(produced, width.nodes))
         elif nxt is None:
             nxt = cycles.plain(done) if size == 1 else cycles.speculate(done.last, size)
         produced += len(nxt.tokens) if nxt.ready else 1

@@ -71,10 +71,12 @@ def test_width_names_and_limits():
 
 
 def test_a_trees_depth_goes_as_far_as_its_nodes_and_max_tokens():
-    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=None)
-    assert [widths.depth(0, n) for n in (1, 4, 16)] == [1, 4, 16]  # below the block: the guess's room
-    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=20)
-    assert [widths.depth(p, 16) for p in (0, 10, 17, 19, 20)] == [16, 9, 2, 1, 1]  # commits <= depth + 1
+    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=None)  # below the block: the guess's room
+    assert [widths.depths(0, n) for n in (1, 4, 16)] == [(1, 1), (4, 4), (16, B - 1)]
+    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=20)  # a cycle commits at most depth + 1
+    assert [widths.depths(p, 16)[0] for p in (0, 10, 17, 19, 20)] == [16, 9, 2, 1, 1]
+    assert [widths.depths(p, 16)[1] for p in (0, 10, 17, 19, 20)] == [B - 1, B - 1, 2, 1, 1]
+    assert CycleWidths(None, 4, True, None, fixed_tree=16).depths(0, 16) == (16, 3)  # a smaller block
 
 
 def test_chain_choices_are_the_chain_policys():
