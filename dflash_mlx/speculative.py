@@ -236,6 +236,30 @@ class _StopStrings:
         return out
 
 
+class _Text:
+    """The text a stream of tokens adds, token by token, as mlx-lm gives it: EOS is
+    yielded but adds no text, and text that could start a stop string waits."""
+
+    def __init__(self, tokenizer: TokenizerWrapper, stop: Sequence[str], max_tokens: int):
+        self.detokenizer = tokenizer.detokenizer
+        self.detokenizer.reset()
+        self.stops, self.eos, self.max_tokens = _StopStrings(stop), tokenizer.eos_token_ids, max_tokens
+
+    def push(self, token: int, n: int) -> tuple[str, Optional[str]]:
+        """The text that token number `n` (from 1) releases, and the finish reason where the
+        stream ends with it ("stop": EOS or a stop string, "length": `max_tokens`)."""
+        eos = token in self.eos
+        if not eos:
+            self.detokenizer.add_token(token)
+        last = eos or n == self.max_tokens
+        if last:
+            self.detokenizer.finalize()
+        text, hit = self.stops.push(self.detokenizer.last_segment)
+        if last and not hit:
+            text += self.stops.flush()
+        return text, "stop" if hit or eos else "length" if last else None
+
+
 def _as_tokens(tokenizer: TokenizerWrapper, prompt: Union[str, Sequence[int], mx.array]) -> list[int]:
     if isinstance(prompt, str):
         bos = tokenizer.bos_token
@@ -275,10 +299,7 @@ def stream_generate(
     tokens = _as_tokens(tokenizer, prompt)
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-    detokenizer = tokenizer.detokenizer
-    detokenizer.reset()
-    stops = _StopStrings(stop)
-    eos = tokenizer.eos_token_ids
+    text = _Text(tokenizer, stop, max_tokens)
     stats = GenerationStats()
     steps = generate_step(
         tokens,
@@ -291,26 +312,16 @@ def stream_generate(
         stats=stats,
         policy=policy,
     )
-    n = 0
-    tic = time.perf_counter()
+    n, tic = 0, time.perf_counter()
     try:
         for committed, n_drafted, logprobs in steps:
             if n == 0:
                 tic = time.perf_counter()
             for i, (token, lp) in enumerate(zip(committed, logprobs)):
                 n += 1
-                if token not in eos:  # as in mlx-lm, EOS is yielded but adds no text
-                    detokenizer.add_token(token)
-                last = token in eos or n == max_tokens
-                if last:
-                    detokenizer.finalize()
-                text, hit = stops.push(detokenizer.last_segment)
-                finish = "stop" if hit or token in eos else "length" if last else None
-                if last and not hit:
-                    text += stops.flush()
-                stats.generated_tokens = n
-                stats.generation_time = time.perf_counter() - tic
-                yield _response(stats, text, token, lp, i < n_drafted, len(tokens), finish)
+                segment, finish = text.push(token, n)
+                stats.generated_tokens, stats.generation_time = n, time.perf_counter() - tic
+                yield _response(stats, segment, token, lp, i < n_drafted, len(tokens), finish)
                 if finish:
                     return
     finally:

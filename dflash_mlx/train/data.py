@@ -137,9 +137,7 @@ def build_dataset(
     import mlx.core as mx
 
     from ..loading import load
-    from .conversations import answer_conversations
     from .progress import StepBar
-    from .selfinstruct import NearDuplicates
     from .threads import ThreadControl
 
     out_dir = Path(out_dir)
@@ -182,25 +180,7 @@ def build_dataset(
         if not progress:
             log(f"{stats['records']}/{len(train)} answered, {stats['line']}")
 
-    if turns > 1:
-        held_users = NearDuplicates(m["content"] for p in held for m in p["messages"] if m["role"] == "user")
-        records = answer_conversations(
-            model,
-            tokenizer,
-            todo,
-            turns,
-            max_tokens,
-            batch_size,
-            temp,
-            held_users,
-            seed,
-            on_batch=on_batch,
-            poll=control.poll,
-        )
-    else:
-        records = generate_answers(
-            model, tokenizer, todo, max_tokens, batch_size, temp=temp, on_batch=on_batch, poll=control.poll
-        )
+    records = _answers(model, tokenizer, todo, held, turns, max_tokens, batch_size, temp, seed, on_batch, control.poll)
     with bar, open(train_file, "a") as fh:
         for rec in records:
             fh.write(json.dumps(rec) + "\n")
@@ -208,6 +188,20 @@ def build_dataset(
             stats["records"] += 1
             bar.update(stats["records"], stats["line"])
     return stats
+
+
+def _answers(model, tokenizer, todo, held, turns, max_tokens, batch_size, temp, seed, on_batch, poll) -> Iterator[dict]:
+    """The target's answers to `todo` (see `build_dataset`): one each, or with `turns` > 1
+    whole conversations, whose later user turns keep clear of the held-out prompts."""
+    if turns <= 1:
+        return generate_answers(model, tokenizer, todo, max_tokens, batch_size, temp=temp, on_batch=on_batch, poll=poll)
+    from .conversations import answer_conversations
+    from .selfinstruct import NearDuplicates
+
+    held_users = NearDuplicates(m["content"] for p in held for m in p["messages"] if m["role"] == "user")
+    return answer_conversations(
+        model, tokenizer, todo, turns, max_tokens, batch_size, temp, held_users, seed, on_batch=on_batch, poll=poll
+    )
 
 
 def iter_records(path: str | Path) -> Iterator[dict]:

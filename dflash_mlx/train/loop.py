@@ -284,25 +284,35 @@ class Trainer:
         kinds = {k: r["tau"] for k, r in res.items() if k != "all"}
         return {"heldout_tau": res["all"]["tau"], "heldout_kinds": kinds}
 
+    def describe(self) -> str:
+        """One line on the run about to start: data, drafter, schedule, threads."""
+        a, cfg = self.args, self.cfg
+        n_params = sum(v.size for _, v in tree_flatten(self.drafter.parameters()))
+        return (
+            f"{len(self.seqs)} sequences, {sum(len(t) for _, t, _ in self.seqs)} tokens; drafter "
+            f"{cfg.num_hidden_layers} layers, {n_params / 1e6:.1f}M params, features "
+            f"{cfg.target_layer_ids}, B={cfg.block_size}, mask {cfg.mask_token_id}, {cfg.architecture}, "
+            f"init {a.init_from or a.init}; "
+            f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
+            + (f"; {self.world} ranks" if self.world > 1 else "")
+            + f"; {self.threads.describe()}, {self.state.core_seconds / 3600:.3f} core-hours so far"
+        )
+
+    def evaluation(self) -> dict:
+        """A point of the run's curve: where it is (step, time, core-hours) and its held-out tau."""
+        st = self.state
+        where = {"step": st.step, "elapsed": round(st.elapsed, 1), "core_hours": st.core_seconds / 3600}
+        return {**where, **self.heldout_tau()}
+
     def run(self) -> dict:
         a, st = self.args, self.state
-        B = self.cfg.block_size
         if self.rank == 0:
-            n_params = sum(v.size for _, v in tree_flatten(self.drafter.parameters()))
-            self.log(
-                f"{len(self.seqs)} sequences, {sum(len(t) for _, t, _ in self.seqs)} tokens; drafter "
-                f"{self.cfg.num_hidden_layers} layers, {n_params / 1e6:.1f}M params, features "
-                f"{self.cfg.target_layer_ids}, B={B}, mask {self.cfg.mask_token_id}, {self.cfg.architecture}, "
-                f"init {a.init_from or a.init}; "
-                f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
-                + (f"; {self.world} ranks" if self.world > 1 else "")
-                + f"; {self.threads.describe()}, {st.core_seconds / 3600:.3f} core-hours so far"
-            )
+            self.log(self.describe())
         log_file = None
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             log_file = open(self.out / "train_log.jsonl", "a")
-        meter = Meter(B)
+        meter = Meter(self.cfg.block_size)
         t_start = time.perf_counter() - st.elapsed
         last_ck = last_eval = time.perf_counter()
         history: list[dict] = []
@@ -321,8 +331,7 @@ class Trainer:
                     rec = None
                     if a.eval_minutes and time.perf_counter() - last_eval > a.eval_minutes * 60:
                         tic = time.perf_counter()
-                        rec = {"step": st.step, "elapsed": round(st.elapsed, 1), "core_hours": st.core_seconds / 3600}
-                        rec.update(self.heldout_tau())
+                        rec = self.evaluation()
                         meter.heldout = rec["heldout_tau"]
                         last_eval = time.perf_counter()
                         t_start += last_eval - tic  # measuring is not training time
@@ -342,8 +351,7 @@ class Trainer:
                 evaluated = bool(history) and history[-1].get("step") == st.step and "heldout_tau" in history[-1]
                 if self.rank == 0 and a.eval_minutes and not evaluated:
                     # the curve's last point: the drafter this run ends with
-                    rec = {"step": st.step, "elapsed": round(st.elapsed, 1), "core_hours": st.core_seconds / 3600}
-                    rec.update(self.heldout_tau())
+                    rec = self.evaluation()
                     history.append(rec)
                     log_file.write(json.dumps(rec) + "\n")
             finally:

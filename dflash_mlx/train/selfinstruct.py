@@ -394,12 +394,8 @@ def write_instructions(
     kept = list(iter_records(out)) if out.is_file() else []
     for rec in kept:
         filt.kept.add(rec["messages"][0]["content"])
-    tried = {r["request"] for r in iter_records(log_path)} if log_path.is_file() else set()
-    # Requests go in order, so every one before the last kept was tried, even where the log
-    # is lost (only the kept file is committed): asking them again would write duplicates.
-    ours = [int(r["id"].rsplit("/", 1)[1]) for r in kept if r["id"].startswith(f"si/{seed}/")]
-    i, limit = max(ours, default=-1) + 1, 8 * n
-    tried |= set(range(i))
+    i, tried = _resume_point(kept, log_path, seed)
+    limit = 8 * n
     stats: dict[str, int] = defaultdict(int)
     model, tokenizer = load(model_path)
     control = ThreadControl(threads)
@@ -407,11 +403,7 @@ def write_instructions(
     mx.random.seed(seed + len(tried))
     with open(out, "a") as fo, open(log_path, "a") as fl, StepBar(n, len(kept), progress, "instructions") as bar:
         while len(kept) < n and i < limit:
-            requests = []
-            while len(requests) < 4 * batch_size and i < limit:
-                if i not in tried:
-                    requests.append({**instruction_request(i, seed), "request": i})
-                i += 1
+            requests, i = _next_requests(i, tried, limit, 4 * batch_size, seed)
             for req, rec in zip(
                 requests,
                 generate_answers(model, tokenizer, requests, max_tokens, batch_size, temp=temp, poll=control.poll),
@@ -423,27 +415,10 @@ def write_instructions(
                     continue  # not logged: asked again if a later run wants more
                 if reason is None:
                     filt.kept.add(text)
-                    kept.append(
-                        {
-                            "id": f"si/{seed}/{req['request']}",
-                            "source": "selfinstruct",
-                            "kind": req["kind"],
-                            "messages": [{"role": "user", "content": text}],
-                        }
-                    )
+                    kept.append(_instruction_record(seed, req, text))
                     fo.write(json.dumps(kept[-1]) + "\n")
-                fl.write(
-                    json.dumps(
-                        {
-                            "request": req["request"],
-                            "kind": req["kind"],
-                            "raw": raw,
-                            "kept": reason is None,
-                            "reason": reason,
-                        }
-                    )
-                    + "\n"
-                )
+                fate = {"request": req["request"], "kind": req["kind"], "raw": raw, "kept": reason is None}
+                fl.write(json.dumps({**fate, "reason": reason}) + "\n")
                 stats[reason or "kept"] += 1
             fo.flush()
             fl.flush()
@@ -452,3 +427,35 @@ def write_instructions(
             if not progress:
                 log(f"{len(kept)}/{n} instructions ({summary})")
     return {"instructions": len(kept), **stats}
+
+
+def _resume_point(kept: list[dict], log_path: Path, seed: int) -> tuple[int, set[int]]:
+    """(the next request to ask, the requests tried) of a rerun. Requests go in order, so
+    every one before the last kept was tried, even where the log is lost (only the kept
+    file is committed): asking them again would write duplicates."""
+    from .data import iter_records
+
+    tried = {r["request"] for r in iter_records(log_path)} if log_path.is_file() else set()
+    ours = [int(r["id"].rsplit("/", 1)[1]) for r in kept if r["id"].startswith(f"si/{seed}/")]
+    start = max(ours, default=-1) + 1
+    return start, tried | set(range(start))
+
+
+def _next_requests(i: int, tried: set[int], limit: int, count: int, seed: int) -> tuple[list[dict], int]:
+    """Up to `count` untried requests from number `i` on (below `limit`), and where the next batch starts."""
+    requests = []
+    while len(requests) < count and i < limit:
+        if i not in tried:
+            requests.append({**instruction_request(i, seed), "request": i})
+        i += 1
+    return requests, i
+
+
+def _instruction_record(seed: int, request: dict, text: str) -> dict:
+    """A kept instruction as a prompt record."""
+    return {
+        "id": f"si/{seed}/{request['request']}",
+        "source": "selfinstruct",
+        "kind": request["kind"],
+        "messages": [{"role": "user", "content": text}],
+    }
