@@ -14,6 +14,7 @@ of a prompt file's records) get a table per kind too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -249,45 +250,27 @@ def run_bench(
     model_dir = model_path or str(default_model_path())
     model, tokenizer = load(model_dir, sharding=sharding)
     reference = reference and sharding is None
-    if draft_path == "random":
-        with tempfile.TemporaryDirectory(prefix="dflash-random-drafter-") as tmp:
-            random_dir = str(_random_drafter(model, tokenizer, Path(tmp) / "drafter"))
-            return run_bench(
-                model_dir,
-                random_dir,
-                prompts,
-                max_tokens,
-                options,
-                reference,
-                progress,
-                fixed_sizes,
-                draft_vocab,
-                fixed_trees,
-                kinds,
-                sharding,
-                fixed_lookups,
-            )
-    draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
-    vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
-    drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
-    drafter = drafters[0]
-    methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, fixed_sizes, fixed_trees, fixed_lookups)
-    zlab = _zlab_method(model_dir, draft_dir, options.block_limit(drafter), max_tokens) if reference else None
-    if zlab is not None:
-        methods["z-lab MLX (reference)"] = zlab
+    with contextlib.ExitStack() as scratch:
+        if draft_path == "random":  # an untrained drafter, written for this run only
+            tmp = scratch.enter_context(tempfile.TemporaryDirectory(prefix="dflash-random-drafter-"))
+            draft_path = str(_random_drafter(model, tokenizer, Path(tmp) / "drafter"))
+        draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
+        vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
+        drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
+        drafter = drafters[0]
+        fixed = (fixed_sizes, fixed_trees, fixed_lookups)
+        methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, *fixed)
+        zlab = _zlab_method(model_dir, draft_dir, options.block_limit(drafter), max_tokens) if reference else None
+        if zlab is not None:
+            methods["z-lab MLX (reference)"] = zlab
 
-    def chat(text: str) -> list[int]:
-        return apply_chat_template(tokenizer, user_messages(text))
+        def chat(text: str) -> list[int]:
+            return apply_chat_template(tokenizer, user_messages(text))
 
-    results = _run_interleaved(methods, [chat(text) for text in prompts], chat("Hi"), progress)
-    for result in results:
-        if result.name in timed:
-            result.draft_ms = draft_milliseconds(model, timed[result.name])
-    by_kind = {}
-    if kinds and len(set(kinds)) > 1:
-        for kind in sorted(set(kinds)):
-            picked = [i for i, k in enumerate(kinds) if k == kind]
-            by_kind[kind] = {"prompts": len(picked), "results": _rows([r.subset(picked) for r in results])}
+        results = _run_interleaved(methods, [chat(text) for text in prompts], chat("Hi"), progress)
+        for result in results:
+            if result.name in timed:
+                result.draft_ms = draft_milliseconds(model, timed[result.name])
     return {
         "model": model_dir,
         "draft": str(draft_dir),
@@ -296,8 +279,16 @@ def run_bench(
         "max_tokens": max_tokens,
         "prompts": len(prompts),
         "results": _rows(results),
-        "by_kind": by_kind,
+        "by_kind": _kind_rows(results, kinds),
     }
+
+
+def _kind_rows(results: list[MethodResult], kinds: Optional[Sequence[str]]) -> dict:
+    """The rows of each prompt kind, where the prompts have more than one."""
+    if not kinds or len(set(kinds)) < 2:
+        return {}
+    picked = {kind: [i for i, k in enumerate(kinds) if k == kind] for kind in sorted(set(kinds))}
+    return {k: {"prompts": len(ids), "results": _rows([r.subset(ids) for r in results])} for k, ids in picked.items()}
 
 
 def _methods(
