@@ -317,7 +317,7 @@ def _methods(
 
     def ours(options: DecodeOptions, drafter=drafter, trees: bool = True) -> Callable:
         adaptive = options.adaptive(drafter) and not options.tree_budget
-        policy = make_policy(model, drafter, trees) if adaptive else None
+        policy = make_policy(model, drafter, trees and options.tree_budget != 0) if adaptive else None
 
         def run(prompt):
             stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)

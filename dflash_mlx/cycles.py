@@ -9,7 +9,8 @@ steps then costs what plain mlx-lm decoding does.
 token joins it when it enters the target, or, fed lazily, once `read` knows its value.
 
 A tree cycle (`tree.py`) reads the drafter's candidates on the host to build the tree, so
-it syncs twice: once for the tree, once for the walk.
+it syncs twice: once for the tree, once for the walk. Where targets verify chains only, a
+chain cycle may verify prompt lookup's guess instead of drafting (`lookup.chain_guess`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from .cache import PromptCache
 from .drafter import Drafter
-from .lookup import WINDOW, GuessRecord, lookup
+from .lookup import WINDOW, GuessRecord, chain_guess, lookup
 from .rollback import Checkpoint, keep_rows
 from .sampling import SamplingParams, accept, log_softmax
 from .target import Target
@@ -47,6 +48,7 @@ class Cycle:
     # A tree cycle: the (size, accepted) of the chain its tokens show, what `speculate`'s
     # drafts on the same draws would have had accepted (up to the first miss, if one is seen)
     chain: Optional[tuple[int, int]] = None
+    guessed: bool = False  # a chain of prompt lookup's guess, not the drafter's drafts
 
     @property
     def ready(self) -> bool:
@@ -79,11 +81,14 @@ class Cycles:
         profile: bool,
         full_blocks: bool = False,
         lookup: int = 0,
+        chain_lookup: bool = False,
     ):
         self.target, self.drafter, self.cache = target, draft_model, cache
         self.sampling, self.profile, self.full_blocks = sampling, profile, full_blocks
-        self.lookup = lookup  # prompt lookup's longest suffix in tree cycles (0: off)
+        self.lookup = lookup  # prompt lookup's longest suffix (0: off), in tree cycles
+        self.chain_lookup = chain_lookup and lookup > 0  # ... and in chain cycles
         self.guesses = GuessRecord()  # how often the lookup's guesses were right, in this generation
+        self.drafter_record = GuessRecord()  # how often the drafter's chain drafts were right (`chain_guess`)
         self._fed: Optional[Cycle] = None  # a queued cycle whose lazy token a plain step was queued on
 
     def read(self, cycle: Cycle) -> list[int]:
@@ -148,26 +153,21 @@ class Cycles:
 
     def speculate(self, token: int, size: int) -> Cycle:
         """Draft `size - 1` tokens after `token` (with `full_blocks`: the first ones of the
-        drafter's whole block), verify them, keep the accepted prefix."""
-        cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
+        drafter's whole block), or take prompt lookup's guess where it promises more (chains
+        only); verify them, keep the accepted prefix."""
+        cache, target = self.cache, self.target
         cache.flush()
-        # Adaptive cycles draft the full block and verify its first drafts: the drafter
-        # was trained on full blocks, and drafts from one are more often accepted (on a
-        # CPU, the head over a few more rows costs little beside the verify).
-        width = max(size, drafter.config.block_size) if self.full_blocks else size
-        block = mx.array([[token] + [drafter.config.mask_token_id] * (width - 1)])
         # The drafter and the verify choose block positions 1.. with the same draws.
         draws = self.sampling.draws(len(cache.tokens) + 1)
-        drafts = drafter.draft(block, cache.draft, target, draws)[: size - 1]
-        drafting = 0.0
-        if self.profile:
-            mx.eval(drafts)
-            drafting = time.perf_counter() - tic
+        found = lookup(cache.tokens[-WINDOW:] + [token], size - 1, self.lookup) if self.chain_lookup else []
+        guess = chain_guess(found, size - 1, self.guesses, self.drafter_record)
+        if guess:
+            drafts, drafting, size = mx.array(guess), 0.0, len(guess) + 1
         else:
-            mx.async_eval(drafts)  # drafting runs while the verify graph is built
+            drafts, drafting = self._draft(token, size, draws)
         checkpoint = Checkpoint(cache.target, target.replay)
         hidden, features = target.forward(
-            mx.concatenate([block[0, :1], drafts])[None], cache.target, checkpoint=checkpoint
+            mx.concatenate([mx.array([token]), drafts])[None], cache.target, checkpoint=checkpoint
         )
         logits = target.lm_head(hidden)[0]
         accepted, bonus = accept(drafts, draws.choose(logits))
@@ -176,9 +176,29 @@ class Cycles:
         checkpoint.rollback(size - accepted - 1)
         cache.quantize()
         cache.tokens += [token] + drafted[:accepted]
-        drafter.append_context(features[:, : accepted + 1], cache.draft)
+        self.drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))
-        return Cycle(size, accepted, logprobs, drafting, tokens=drafted[:accepted] + [bonus])
+        committed = drafted[:accepted] + [bonus]
+        self.guesses.observe(found, committed)
+        if not guess:
+            self.drafter_record.observe(drafted, committed)
+        return Cycle(size, accepted, logprobs, drafting, tokens=committed, guessed=bool(guess))
+
+    def _draft(self, token: int, size: int, draws) -> tuple[mx.array, float]:
+        """The drafter's first `size - 1` drafts after `token` (queued), and the seconds spent
+        drafting (measured when profiling only)."""
+        drafter, tic = self.drafter, time.perf_counter()
+        # Adaptive cycles draft the full block and verify its first drafts: the drafter
+        # was trained on full blocks, and drafts from one are more often accepted (on a
+        # CPU, the head over a few more rows costs little beside the verify).
+        width = max(size, drafter.config.block_size) if self.full_blocks else size
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (width - 1)])
+        drafts = drafter.draft(block, self.cache.draft, self.target, draws)[: size - 1]
+        if not self.profile:
+            mx.async_eval(drafts)  # drafting runs while the verify graph is built
+            return drafts, 0.0
+        mx.eval(drafts)
+        return drafts, time.perf_counter() - tic
 
     def tree(self, token: int, budget: int, depth: int, rows: int) -> Cycle:
         """Draft a tree of up to `budget` nodes, at most `depth` deep, below `token` (the

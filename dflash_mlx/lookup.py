@@ -7,7 +7,9 @@ decoding). A draft tree takes that guess as one more path (`tree.build_tree`'s `
 as deep as its nodes go, below the drafter's block too (a copied span can be long):
 the target verifies it like any draft, so the output does not change, only how many
 tokens a cycle commits. It helps where the small drafter is weakest: on the shipped
-SmolLM2 pair, held-out chat and code.
+SmolLM2 pair, held-out chat and code. Where the target verifies chains only (recurrent or
+sliding-window layers, a sharded target), a chain cycle verifies the guess in place of the
+drafter's drafts when the records say it will keep more (`chain_guess`).
 
 How much a guessed token is worth against the drafter's candidates depends on the text:
 code repeats itself more than math does. `GuessRecord` keeps a decayed count of how often
@@ -74,3 +76,17 @@ class GuessRecord:
             if want != got:
                 break
             self.hits += 1
+
+
+def expected_hits(probability: float, n: int) -> float:
+    """Expected right tokens of a chain of `n` guesses, each right with `probability`
+    given that the ones before it were (a wrong one ends the chain)."""
+    return sum(probability**k for k in range(1, n + 1))
+
+
+def chain_guess(guess: Sequence[int], drafts: int, guesses: GuessRecord, drafter: GuessRecord) -> list[int]:
+    """The guess, where verifying it (at most `drafts` tokens) is expected to keep more
+    tokens than the drafter's `drafts` would, by each one's record; else []."""
+    guess = list(guess[:drafts])
+    keep = expected_hits(guesses.probability, len(guess)) > expected_hits(drafter.probability, drafts)
+    return guess if guess and keep else []

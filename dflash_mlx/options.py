@@ -98,7 +98,8 @@ class DecodeOptions:
     lookup: int = option(
         MAX_NGRAM,
         COUNT,
-        "prompt lookup: longest context suffix matched; what followed it joins draft trees as a path; 0: off",
+        "prompt lookup: longest context suffix matched; what followed it joins draft trees as a path "
+        "(chains only: replaces the drafter's drafts where it promises more); 0: off",
     )
     draft_window: Optional[int] = option(
         None,

@@ -164,7 +164,9 @@ def _setup(
     else:
         policy = None
     full_blocks = policy is not None
-    cycles = Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks, options.lookup)
+    sampling, lookup = options.sampling(), options.lookup
+    # where trees hold the lookup's guess, chains keep the drafter's drafts
+    cycles = Cycles(target, draft_model, cache, sampling, options.profile, full_blocks, lookup, chain_lookup=not trees)
     return cycles, policy, trees
 
 
@@ -199,7 +201,7 @@ class _Clock:
             self.policy.update_width(width, cycle.accepted, leaders_seconds(seconds), cycle.chain)
         self.stats.draft_time += cycle.drafting
         self.stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
-        self.stats.record(cycle.size, cycle.accepted, cycle.tree)
+        self.stats.record(cycle.size, cycle.accepted, cycle.tree, cycle.guessed)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -393,6 +395,8 @@ def format_stats(response: GenerationResponse) -> str:
             widths = ", ".join(f"{w}: {n}" for w, n in s["widths"].items())
             lines.append(f"Widths: {widths}; {s['drafted_tokens']} draft nodes verified")
         lines.append(f"Drafter cache: {s['draft_cache_tokens']} tokens, {s['draft_cache_bytes'] / 1e6:.1f} MB")
+        if s["lookup_chains"]:
+            lines.append(f"Prompt lookup: {s['lookup_chains']} chains verified its guess in place of the drafter's")
         if s["draft_time"]:
             lines.append(f"Time: draft {s['draft_time']:.2f}s, verify {s['verify_time']:.2f}s")
     return "\n".join(lines)

@@ -38,6 +38,7 @@ class GenerationStats:
     tree_budget: Optional[int] = None  # the fixed tree size; None: adaptive (or chains only)
     drafted_tokens: int = 0  # draft tokens proposed
     accepted_drafted_tokens: int = 0
+    lookup_chains: int = 0  # chain cycles that verified prompt lookup's guess, not the drafter's drafts
     draft_time: float = 0.0  # seconds; split from verify_time only when profiling
     verify_time: float = 0.0
     prompt_time: float = 0.0
@@ -80,10 +81,11 @@ class GenerationStats:
             counts[key] = counts.get(key, 0) + 1
         return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
-    def record(self, size: int, accepted: int, tree: bool = False) -> None:
-        """Count one cycle that verified `size` tokens (a tree: `size - 1` nodes) and
-        accepted `accepted` drafts."""
+    def record(self, size: int, accepted: int, tree: bool = False, guessed: bool = False) -> None:
+        """Count one cycle that verified `size` tokens (a tree: `size - 1` nodes; `guessed`:
+        a chain of prompt lookup's guess) and accepted `accepted` drafts."""
         self.cycles += 1
+        self.lookup_chains += guessed
         self.accepted_lengths.append(accepted + 1)
         self.block_sizes.append(size)
         self.trees.append(tree)
@@ -108,6 +110,7 @@ class GenerationStats:
             "widths": self.widths,
             "drafted_tokens": self.drafted_tokens,
             "accepted_drafted_tokens": self.accepted_drafted_tokens,
+            "lookup_chains": self.lookup_chains,
             "generated_tokens": self.generated_tokens,
             "tokens_per_second": self.tokens_per_second,
             "prompt_cached": self.prompt_cached,

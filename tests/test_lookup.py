@@ -10,7 +10,11 @@
   off (at a fixed tree and with the adaptive policy), and on a repetitive answer it commits
   more tokens a cycle than the drafter alone does (test_tree.py checks sampling through trees);
 * the guess goes on below the drafter's block: on the real pair a cycle commits more tokens
-  than a block holds.
+  than a block holds;
+* where the target verifies chains only (hybrid gated-delta, sliding-window), a chain cycle
+  verifies the guess in place of the drafter's drafts when the two records say it keeps more:
+  greedy output stays mlx-lm's, a seed gives the target's own sampled text, and a weak drafter
+  commits more per cycle with it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import pytest
 
 from dflash_mlx.defaults import shipped_drafter_dir
 from dflash_mlx.drafters import load_drafter_dir
-from dflash_mlx.lookup import GuessRecord, lookup
+from dflash_mlx.lookup import GuessRecord, chain_guess, expected_hits, lookup
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import build_tree
@@ -151,3 +155,40 @@ def test_a_guess_below_the_block_commits_more_than_a_block(default_model):
         tokens, stats = run(model, prompt, drafter, 64, **kw)
         assert tokens == want
         assert max(stats.accepted_lengths) > drafter.config.block_size, stats.accepted_lengths
+
+
+def test_a_chain_takes_the_guess_only_where_its_record_promises_more():
+    fresh, sure, unsure = GuessRecord(), GuessRecord(hits=19.0, tries=20.0), GuessRecord(hits=1.0, tries=20.0)
+    assert expected_hits(0.5, 3) == pytest.approx(0.875) and expected_hits(0.9, 0) == 0
+    assert chain_guess([4, 5, 6], 3, fresh, fresh) == []  # even odds: the drafter keeps its chain
+    assert chain_guess([4, 5, 6, 7, 8], 3, sure, fresh) == [4, 5, 6]  # at most the chain's drafts
+    assert chain_guess([4, 5, 6], 3, unsure, fresh) == []
+    assert chain_guess([4], 7, sure, unsure) == [4]  # one likely token beats seven unlikely ones
+    assert chain_guess([4], 7, sure, fresh) == []  # ... not seven coin flips (0.91 < 0.99)
+    assert chain_guess([], 3, sure, unsure) == []
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gpt_oss"])
+def test_chains_take_the_guess_losslessly_where_trees_do_not_run(name):
+    model = tiny_target(name, scale=2.0)
+    drafter = random_drafter(make_target(model), 0)  # random: it rarely guesses right
+    prompt = [3, 17, 29, 41, 5, 60] * 4
+    want = reference(model, prompt, 48)
+    (on, with_lookup), (off, without) = (run(model, prompt, drafter, 48, block_size=6, lookup=k) for k in (4, 0))
+    assert on == want and off == want
+    assert with_lookup.lookup_chains > 0 and without.lookup_chains == 0
+    assert run(model, prompt, drafter, 48)[0] == want  # the adaptive policy
+    sampled = dict(temp=1.0, seed=3)  # keyed draws: the seed's text is the target's own, whatever is verified
+    alone = run(model, prompt, None, 48, **sampled)[0]
+    assert run(model, prompt, drafter, 48, block_size=6, **sampled)[0] == alone
+    assert run(model, prompt, drafter, 48, **sampled)[0] == alone
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "gemma4_text"])
+def test_guessed_chains_commit_more_where_the_answer_repeats(name):
+    """Sliding-window targets (chains only) whose tiny answers repeat themselves."""
+    model = tiny_target(name, scale=2.0)
+    drafter = random_drafter(make_target(model), 0)
+    prompt = [7, 8, 9, 10] * 6
+    runs = [run(model, prompt, drafter, 48, block_size=6, lookup=k)[1] for k in (4, 0)]
+    assert runs[0].mean_acceptance > 1.5 * runs[1].mean_acceptance, [r.mean_acceptance for r in runs]
