@@ -30,7 +30,7 @@ TREE_HELP = (
 )
 LOOKUP_HELP = (
     "Prompt lookup: the longest context suffix matched; what followed it before joins each draft tree "
-    "as a path (0: off)."
+    "as a path, and replaces a chain's drafts where it promises more (0: off)."
 )
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
 SHARDING_HELP = "Under mlx.launch: shard the target by mlx-lm's tensor or pipeline parallelism (default: auto)."

@@ -9,8 +9,8 @@ steps then costs what plain mlx-lm decoding does.
 token joins it when it enters the target, or, fed lazily, once `read` knows its value.
 
 A tree cycle (`tree.py`) reads the drafter's candidates on the host to build the tree, so
-it syncs twice: once for the tree, once for the walk. Where targets verify chains only, a
-chain cycle may verify prompt lookup's guess instead of drafting (`lookup.chain_guess`).
+it syncs twice: once for the tree, once for the walk. A chain cycle may verify prompt
+lookup's guess instead of drafting (`lookup.chain_guess`).
 """
 
 from __future__ import annotations
@@ -81,12 +81,10 @@ class Cycles:
         profile: bool,
         full_blocks: bool = False,
         lookup: int = 0,
-        chain_lookup: bool = False,
     ):
         self.target, self.drafter, self.cache = target, draft_model, cache
         self.sampling, self.profile, self.full_blocks = sampling, profile, full_blocks
-        self.lookup = lookup  # prompt lookup's longest suffix (0: off), in tree cycles
-        self.chain_lookup = chain_lookup and lookup > 0  # ... and in chain cycles
+        self.lookup = lookup  # prompt lookup's longest suffix, in trees and chains (0: off)
         self.guesses = GuessRecord()  # how often the lookup's guesses were right, in this generation
         self.drafter_record = GuessRecord()  # how often the drafter's chain drafts were right (`chain_guess`)
         self._fed: Optional[Cycle] = None  # a queued cycle whose lazy token a plain step was queued on
@@ -153,13 +151,13 @@ class Cycles:
 
     def speculate(self, token: int, size: int) -> Cycle:
         """Draft `size - 1` tokens after `token` (with `full_blocks`: the first ones of the
-        drafter's whole block), or take prompt lookup's guess where it promises more (chains
-        only); verify them, keep the accepted prefix."""
+        drafter's whole block), or take prompt lookup's guess where it promises more; verify
+        them, keep the accepted prefix."""
         cache, target = self.cache, self.target
         cache.flush()
         # The drafter and the verify choose block positions 1.. with the same draws.
         draws = self.sampling.draws(len(cache.tokens) + 1)
-        found = lookup(cache.tokens[-WINDOW:] + [token], size - 1, self.lookup) if self.chain_lookup else []
+        found = lookup(cache.tokens[-WINDOW:] + [token], size - 1, self.lookup) if self.lookup else []
         guess = chain_guess(found, size - 1, self.guesses, self.drafter_record)
         if guess:
             drafts, drafting, size = mx.array(guess), 0.0, len(guess) + 1

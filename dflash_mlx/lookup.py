@@ -7,8 +7,8 @@ decoding). A draft tree takes that guess as one more path (`tree.build_tree`'s `
 as deep as its nodes go, below the drafter's block too (a copied span can be long):
 the target verifies it like any draft, so the output does not change, only how many
 tokens a cycle commits. It helps where the small drafter is weakest: on the shipped
-SmolLM2 pair, held-out chat and code. Where the target verifies chains only (recurrent or
-sliding-window layers, a sharded target), a chain cycle verifies the guess in place of the
+SmolLM2 pair, held-out chat and code. A chain cycle (the only kind where a target has
+recurrent or sliding-window layers, or is sharded) verifies the guess in place of the
 drafter's drafts when the records say it will keep more (`chain_guess`).
 
 How much a guessed token is worth against the drafter's candidates depends on the text:

@@ -99,7 +99,7 @@ class DecodeOptions:
         MAX_NGRAM,
         COUNT,
         "prompt lookup: longest context suffix matched; what followed it joins draft trees as a path "
-        "(chains only: replaces the drafter's drafts where it promises more); 0: off",
+        "and replaces a chain's drafts where it promises more; 0: off",
     )
     draft_window: Optional[int] = option(
         None,

@@ -164,9 +164,7 @@ def _setup(
     else:
         policy = None
     full_blocks = policy is not None
-    sampling, lookup = options.sampling(), options.lookup
-    # where trees hold the lookup's guess, chains keep the drafter's drafts
-    cycles = Cycles(target, draft_model, cache, sampling, options.profile, full_blocks, lookup, chain_lookup=not trees)
+    cycles = Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks, options.lookup)
     return cycles, policy, trees
 
 
