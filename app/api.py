@@ -498,6 +498,7 @@ DFLASH_FIELDS = (
     "accepted_drafted_tokens",
     "tree_budget",
     "widths",
+    "lookup_chains",
 )
 
 

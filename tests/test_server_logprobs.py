@@ -63,6 +63,7 @@ def test_chat_logprobs_equal_mlx_lm(client, default_model):
     args = dict(model=MODEL, messages=messages, max_tokens=48, temperature=0, logprobs=True, top_logprobs=TOP)
     whole = client.chat.completions.create(**args)
     assert whole.model_extra["dflash"]["accepted_drafted_tokens"] > 0  # drafts were accepted
+    assert 0 <= whole.model_extra["dflash"]["lookup_chains"] <= whole.model_extra["dflash"]["cycles"]
     content = whole.choices[0].logprobs.content
     assert all(len(e.top_logprobs) == TOP and e.bytes == list(e.token.encode()) for e in content)
     check([(e.token, e.logprob, [t.logprob for t in e.top_logprobs]) for e in content], steps, tokenizer)
