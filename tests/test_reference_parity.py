@@ -25,6 +25,7 @@ import pytest
 
 from dflash_mlx import load_draft, stream_generate
 from dflash_mlx.drafters import build_drafter
+from dflash_mlx.options import DecodeOptions
 from dflash_mlx.targets import make_target
 
 from conftest import SMOLLM2
@@ -288,7 +289,9 @@ def _chat(tokenizer, text: str) -> list[int]:
 
 
 def _ours_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
-    responses = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=max_tokens, block_size=block_size))
+    """Our tokens and accepted lengths, the drafter's chains alone (z-lab's loop has no prompt lookup)."""
+    options = DecodeOptions(block_size=block_size, lookup=0)
+    responses = list(stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens))
     return [r.token for r in responses], responses[-1].stats.accepted_lengths
 
 

@@ -29,7 +29,7 @@ def pair(default_model):
 
 def decoded_lengths(model, tokenizer, drafter, prompt, max_tokens, block):
     ids = apply_chat_template(tokenizer, prompt["messages"])
-    options = DecodeOptions(block_size=block)
+    options = DecodeOptions(block_size=block, lookup=0)  # what replay measures: the drafter's own chains
     last = list(stream_generate(model, tokenizer, ids, drafter, options, max_tokens=max_tokens))[-1]
     return last.stats.accepted_lengths, last.finish_reason
 

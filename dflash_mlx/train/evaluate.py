@@ -30,11 +30,11 @@ def evaluate(
     log: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Run every prompt at every temperature with a fixed block (the drafter's B unless
-    given: tau measures the drafter, not the adaptive policy); returns
+    given) and no prompt lookup: tau measures the drafter, not the policy nor the lookup; returns
     {temp: {source: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}}."""
     from ..speculative import stream_generate
 
-    fixed = DecodeOptions(block_size=block_size).fixed(drafter)
+    fixed = DecodeOptions(block_size=block_size, lookup=0).fixed(drafter)
     B = fixed.block_size
     vocab = set(drafter.draft_vocab.tolist()) if drafter.draft_vocab is not None else None
     results: dict = {}
