@@ -26,7 +26,7 @@ from .cache import PromptCache
 from .drafter import Drafter
 from .lookup import WINDOW, GuessRecord, chain_guess, lookup
 from .rollback import Checkpoint, keep_rows
-from .sampling import SamplingParams, accept, log_softmax
+from .sampling import Draws, SamplingParams, accept, log_softmax
 from .target import Target
 from .tree import build_tree, top_candidates, walk
 
@@ -182,7 +182,7 @@ class Cycles:
             self.drafter_record.observe(drafted, committed)
         return Cycle(size, accepted, logprobs, drafting, tokens=committed, guessed=bool(guess))
 
-    def _draft(self, token: int, size: int, draws) -> tuple[mx.array, float]:
+    def _draft(self, token: int, size: int, draws: Draws) -> tuple[mx.array, float]:
         """The drafter's first `size - 1` drafts after `token` (queued), and the seconds spent
         drafting (measured when profiling only)."""
         drafter, tic = self.drafter, time.perf_counter()
