@@ -149,6 +149,10 @@ class Cycles:
         mx.async_eval(token, logprobs)
         return Cycle(size, 0, [logprobs], queued=token)
 
+    def _lookup(self, token: int, k: int) -> list[int]:
+        """Prompt lookup's guess of up to `k` tokens after `token`, from the recent context ([] when off)."""
+        return lookup(self.cache.tokens[-WINDOW:] + [token], k, self.lookup) if self.lookup else []
+
     def speculate(self, token: int, size: int) -> Cycle:
         """Draft `size - 1` tokens after `token` (with `full_blocks`: the first ones of the
         drafter's whole block), or take prompt lookup's guess where it promises more; verify
@@ -157,7 +161,7 @@ class Cycles:
         cache.flush()
         # The drafter and the verify choose block positions 1.. with the same draws.
         draws = self.sampling.draws(len(cache.tokens) + 1)
-        found = lookup(cache.tokens[-WINDOW:] + [token], size - 1, self.lookup) if self.lookup else []
+        found = self._lookup(token, size - 1)
         guess = chain_guess(found, size - 1, self.guesses, self.drafter_record)
         if guess:
             drafts, drafting, size = mx.array(guess), 0.0, len(guess) + 1
@@ -208,7 +212,7 @@ class Cycles:
         block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
         proposals = drafter.propose(block, cache.draft, target)[:rows]  # (rows, V)
         logprobs, ids = top_candidates(proposals, budget)
-        guess = lookup(cache.tokens[-WINDOW:] + [token], depth, self.lookup) if self.lookup else []
+        guess = self._lookup(token, depth)
         tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess, self.guesses.logprob)
         drafting = time.perf_counter() - tic if self.profile else 0.0
         start = cache.target[0].offset
