@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install -q
 RUNTIME := $(VENV)/.runtime
 DEV := $(VENV)/.dev
 
-.PHONY: chat test test-all test-fast lint bench mac-check install clean
+.PHONY: chat test test-all test-fast lint bench mac-check install clean resume-training
 
 # OpenBLAS makes MLX's CPU backend ~25x faster on Linux (see dflash_mlx/blas.py); best effort.
 $(RUNTIME): pyproject.toml Makefile
@@ -59,6 +59,20 @@ bench: $(RUNTIME)
 # 4-/8-bit suites, and `dflash bench --kernels`, all in one report (tests/mac_check.py).
 mac-check: $(DEV)
 	$(PY) tests/mac_check.py mac-check.json
+
+# The drafter's long run (docs: BENCHMARKS.md "The long run"): from the committed resume point
+# if there is one, on the committed data, two threads while nobody holds the CPU lock, one
+# while somebody does. Each checkpoint also rewrites the resume point; commit it now and then.
+LONG_RUN := assets/train/long-run
+resume-training: $(RUNTIME)
+	mkdir -p data/long
+	[ -s data/long/train.jsonl ] || gunzip -c assets/train/smollm2-train.jsonl.gz > data/long/train.jsonl
+	[ -s data/long/heldout.jsonl ] || cp assets/prompts/heldout.jsonl data/long/heldout.jsonl
+	$(VENV)/bin/dflash train --data data/long --out runs/long-run --threads auto --block-size 8 \
+		--max-steps 1000000 --core-hours 12 --eval-minutes 15 --eval-prompts 40 --checkpoint-minutes 5 \
+		--target-layer-ids 1,8,14,21,28 --num-layers 1 --batch-size 4 --num-anchors 64 --loss-vocab sampled \
+		--negatives 2048 --distill 0.5 --init cold --lr 1.2e-3 --warmup 0.05 --feature-chunk 512 --no-progress \
+		--resume-point $(LONG_RUN) $$([ -f $(LONG_RUN)/state.json ] && echo --resume-from $(LONG_RUN) || echo --resume)
 
 clean:
 	rm -rf $(VENV)

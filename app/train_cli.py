@@ -122,8 +122,8 @@ def data_command(
 
 
 #: `dflash train`'s options, one row each: (name, type, default, flags, help). Every one but
-#: data, out, target_layer_ids, init_from, features, no_progress and threads is the `TrainArgs` field
-#: of the same name.
+#: data, out, target_layer_ids, init_from, features, resume_from, resume_point, no_progress and threads
+#: is the `TrainArgs` field of the same name.
 TRAIN_OPTIONS = [
     ("data", Path, ..., ["--data", "-d"], "train.jsonl from `dflash data` (or its directory)."),
     ("out", Path, ..., ["--out", "-o"], "Drafter directory to write (loadable by load_draft)."),
@@ -176,6 +176,14 @@ TRAIN_OPTIONS = [
     ),
     ("top_k", int, 8, ["--top-k"], "Teacher tokens kept per position in the feature cache."),
     ("features", Optional[Path], None, ["--features"], "Feature cache directory (default: DATA/features)."),
+    (
+        "feature_chunk",
+        int,
+        0,
+        ["--feature-chunk"],
+        "Train on the features already stored and compute at most this many more per epoch "
+        "(0: all before the first step).",
+    ),
     ("batch_size", int, 4, ["--batch-size"], "Sequences per step (over all ranks)."),
     ("num_anchors", int, 32, ["--num-anchors"], "Blocks sampled per sequence."),
     ("max_len", int, 1024, ["--max-len"], "Truncate sequences to this many tokens."),
@@ -209,6 +217,21 @@ TRAIN_OPTIONS = [
     ("eval_prompts", int, 8, ["--eval-prompts"], "Held-out prompts per periodic evaluation."),
     ("seed", int, 0, ["--seed"], None),
     ("resume", bool, False, ["--resume"], "Continue from OUT/checkpoint."),
+    (
+        "resume_from",
+        Optional[Path],
+        None,
+        ["--resume-from"],
+        "Continue from this compact resume point (see --resume-point) when OUT has no checkpoint yet.",
+    ),
+    (
+        "resume_point",
+        Optional[Path],
+        None,
+        ["--resume-point"],
+        "With every checkpoint, also write a compact copy here (float16 weights, bfloat16 AdamW moments, "
+        "state and log) to commit, so that a new machine can --resume-from it.",
+    ),
     ("no_progress", bool, False, ["--no-progress"], "Log lines instead of a progress bar."),
     ("threads", Optional[str], None, ["--threads"], THREADS_HELP),
 ]
@@ -216,19 +239,25 @@ TRAIN_OPTIONS = [
 
 def train_command(**values) -> None:
     """Train a DFlash (or DFlash2) drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
+    from dflash_mlx.train.checkpoint import restore_resume_point
     from dflash_mlx.train.loop import TrainArgs, train
     from dflash_mlx.train.threads import parse_threads
 
     data, out, init_from, features = (values.pop(k) for k in ("data", "out", "init_from", "features"))
+    resume_from, resume_point = values.pop("resume_from"), values.pop("resume_point")
     data_file = data / "train.jsonl" if data.is_dir() else data
     if not data_file.is_file():
         raise FileNotFoundError(f"no training data at {data_file}")
+    if resume_from and not (out / "checkpoint" / "state.json").is_file():
+        restore_resume_point(resume_from, out)
+    values["resume"] = values["resume"] or bool(resume_from)
     args = TrainArgs(
         data=str(data_file),
         out=str(out),
         target_layer_ids=parse_layer_ids(values.pop("target_layer_ids")),
         init_from=str(init_from) if init_from else None,
         features=str(features) if features else None,
+        resume_point=str(resume_point) if resume_point else None,
         progress=not values.pop("no_progress"),
         threads=parse_threads(values.pop("threads")),
         **values,

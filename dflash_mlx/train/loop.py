@@ -2,7 +2,9 @@
 
 The target is frozen and never runs inside a step: its features and top-K distribution
 come from the on-disk `FeatureStore`, filled once before training (and for sequences
-appended to the data since, at each epoch). A step samples anchors in a batch of
+appended to the data since, at each epoch). With `feature_chunk` the store grows by at
+most that many sequences (in data order) at each epoch, and an epoch covers the stored
+ones: training starts at once on a new machine instead of after hours of target passes. A step samples anchors in a batch of
 sequences, runs every block through the drafter in one forward (`objective`), and takes
 one AdamW step. Everything a step draws at random comes from a generator seeded by
 (seed, step, rank), and the epoch order from (seed, epoch): `--resume` continues exactly
@@ -94,11 +96,15 @@ class Trainer:
         features = Path(args.features) if args.features else Path(args.data).parent / "features"
         self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
         self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
+        if args.feature_chunk and args.feature_chunk < args.batch_size:
+            raise ValueError(f"--feature-chunk must be 0 or at least --batch-size ({args.batch_size})")
         self.threads = ThreadControl(args.threads)  # also for the feature pass
         self.data_seconds = 0.0  # CPU time of refresh_data during the current step (not training)
         self.refresh_data()
         if not resuming:
             self._initialize()
+        elif self.state.epoch_size > len(self.seqs):  # fewer features stored (a new machine): redo the epoch
+            self.state.pos, self.state.epoch_size = 0, len(self.seqs)
         self.optimizer = optim.AdamW(
             learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
         )
@@ -109,7 +115,7 @@ class Trainer:
             synced = [(k, mx.distributed.all_sum(v) / self.world) for k, v in tree_flatten(self.drafter.parameters())]
             self.drafter.load_weights(synced)
             mx.eval(self.drafter.parameters())
-        self.total = args.max_steps or max(1, int(math.ceil(args.epochs * len(self.seqs) / args.batch_size)))
+        self.total = args.max_steps or max(1, int(math.ceil(args.epochs * self.data_size / args.batch_size)))
         self.value_and_grad = nn.value_and_grad(self.drafter, self._loss)
         self._references: Optional[list[Reference]] = None  # held-out answers, made at the first evaluation
 
@@ -131,20 +137,24 @@ class Trainer:
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
                 store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
-                missing = sum(k not in store for k, _, _ in seqs)
+                missing = [(k, t) for k, t, _ in seqs if k not in store]
+                if a.feature_chunk:  # epoch e trains on the first (e + 1) chunks, one new chunk at most
+                    stored = len(seqs) - len(missing)
+                    missing = missing[: min(a.feature_chunk, max(0, (self.state.epoch + 1) * a.feature_chunk - stored))]
                 if missing:
-                    with count_bar("features", missing, self.args.progress, self.log) as advance:
+                    with count_bar("features", len(missing), self.args.progress, self.log) as advance:
                         fill_store(
                             store,
                             self.target,
-                            {k: t for k, t, _ in seqs},
+                            dict(missing),
                             self.cfg.target_layer_ids,
                             on_progress=lambda done, total: (advance(done), self.threads.poll()),
                         )
         if self.world > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
-        self.seqs = seqs
+        self.data_size = len(seqs)
+        self.seqs = [s for s in seqs if s[0] in self.store]  # all of them unless --feature-chunk
         self.data_seconds += time.process_time() - cpu
 
     def _new_drafter(self) -> Drafter:
