@@ -4,9 +4,9 @@ The target is frozen and never runs inside a step: its features and top-K distri
 come from the on-disk `FeatureStore`, filled once before training (and for sequences
 appended to the data since, at each epoch). With `feature_chunk` the store grows by at
 most that many sequences (in data order) at each epoch, and an epoch covers the stored
-ones: training starts at once on a new machine instead of after hours of target passes. A step samples anchors in a batch of
-sequences, runs every block through the drafter in one forward (`objective`), and takes
-one AdamW step. Everything a step draws at random comes from a generator seeded by
+ones: training starts at once on a new machine instead of after hours of target passes.
+A step samples anchors in a batch of sequences, runs every block through the drafter in
+one forward (`objective`), and takes one AdamW step. Everything a step draws at random comes from a generator seeded by
 (seed, step, rank), and the epoch order from (seed, epoch): `--resume` continues exactly
 where a checkpoint left off. Data-parallel over `mx.distributed` ranks (`mlx.launch`):
 each rank takes its share of every batch and gradients are averaged.
