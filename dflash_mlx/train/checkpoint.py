@@ -152,4 +152,3 @@ def restore_resume_point(src: Path, out: Path) -> None:
         shutil.copyfile(src / "state.json", tmp / "state.json")
     if (src / "train_log.jsonl").is_file() and not (out / "train_log.jsonl").is_file():
         shutil.copyfile(src / "train_log.jsonl", out / "train_log.jsonl")
-
