@@ -1,0 +1,99 @@
+"""The long run's survival kit: features computed a chunk at a time while training goes on,
+and the compact resume point that a new machine resumes from (`make resume-training`)."""
+
+import json
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from dflash_mlx.drafters import load_drafter_dir
+from dflash_mlx.train.checkpoint import restore_resume_point
+from dflash_mlx.train.features import FeatureStore
+from dflash_mlx.train.loop import TrainArgs, train
+from test_train import random_training_data, tiny_target
+
+
+def _args(data, out, **kw) -> TrainArgs:
+    common = dict(
+        num_layers=1,
+        target_layer_ids=[1, 3],
+        block_size=4,
+        batch_size=2,
+        num_anchors=4,
+        progress=False,
+        checkpoint_every=1,
+        seed=3,
+    )
+    return TrainArgs(data=str(data), out=str(out), **{**common, **kw})
+
+
+def _store_size(data) -> int:
+    (store,) = [p for p in (data.parent / "features").iterdir() if p.is_dir()]
+    return len(FeatureStore(store, [1, 3], 64, 8))
+
+
+def _weights(path) -> dict:
+    return dict(tree_flatten(load_drafter_dir(path).parameters()))
+
+
+def test_feature_chunks_grow_the_store_an_epoch_at_a_time(tmp_path, monkeypatch):
+    """Epoch e trains on the first (e + 1) chunks: 2 sequences (1 step), then 4 (2 steps)..."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    out = tmp_path / "run"
+    train(_args(data, out, max_steps=1, feature_chunk=2), log=lambda s: None)
+    assert _store_size(data) == 2
+    train(_args(data, out, max_steps=3, feature_chunk=2, resume=True), log=lambda s: None)
+    assert _store_size(data) == 4
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert (state["epoch"], state["epoch_size"]) == (1, 4)
+
+
+def test_a_chunked_run_resumed_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    train(_args(data, tmp_path / "whole", max_steps=6, feature_chunk=2), log=lambda s: None)
+    shutil.rmtree(data.parent / "features")  # the second run computes its own, chunk by chunk
+
+    def stop_at_step_3(line: str) -> None:  # the log line comes before that step's checkpoint
+        if line.startswith("step 3/"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_args(data, tmp_path / "parts", max_steps=6, feature_chunk=2, log_every=1), log=stop_at_step_3)
+    assert json.loads((tmp_path / "parts" / "checkpoint" / "state.json").read_text())["step"] == 2
+    train(_args(data, tmp_path / "parts", max_steps=6, feature_chunk=2, resume=True), log=lambda s: None)
+    whole, parts = _weights(tmp_path / "whole"), _weights(tmp_path / "parts")
+    assert all(mx.array_equal(whole[k], parts[k]).item() for k in whole)
+
+
+def test_a_chunk_below_the_batch_is_refused_before_any_work(tmp_path, monkeypatch):
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    with pytest.raises(ValueError, match="--feature-chunk must be 0 or at least --batch-size"):
+        train(_args(data, tmp_path / "run", max_steps=1, feature_chunk=1), log=lambda s: None)
+    assert not (data.parent / "features").exists()
+
+
+def test_the_resume_point_is_compact_and_a_new_machine_resumes_from_it(tmp_path, monkeypatch):
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "assets" / "long-run"
+    train(_args(data, tmp_path / "run", max_steps=3, feature_chunk=2, resume_point=str(point)), log=lambda s: None)
+    weights = mx.load(str(point / "model.safetensors"))
+    moments = mx.load(str(point / "optimizer.safetensors"))
+    assert {v.dtype for v in weights.values()} == {mx.float16}
+    assert {v.dtype for v in moments.values() if v.size > 1} == {mx.bfloat16}
+    assert json.loads((point / "state.json").read_text())["step"] == 3
+    original = _weights(tmp_path / "run")
+    assert all(np.allclose(np.array(original[k]), np.array(weights[k].astype(mx.float32)), atol=1e-3) for k in original)
+
+    # A new machine: no run directory, no features; the epoch restarts on what it stores.
+    shutil.rmtree(tmp_path / "run")
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / "again")
+    with pytest.raises(FileExistsError, match="--resume-from"):
+        restore_resume_point(point, tmp_path / "again")
+    result = train(_args(data, tmp_path / "again", max_steps=5, feature_chunk=2, resume=True), log=lambda s: None)
+    assert result["step"] == 5
+    state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
+    assert state["seen"] == 10
