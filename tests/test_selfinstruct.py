@@ -14,14 +14,9 @@ from dflash_mlx.messages import apply_chat_template, read_prompt_file
 from dflash_mlx.train.conversations import answer_conversations, conversation_record
 from dflash_mlx.train.data import iter_records, load_sequences
 from dflash_mlx.train.evaluate import format_table
+from dflash_mlx.train.instructions import NearDuplicates, clean_instruction
 from dflash_mlx.train.objective import make_batch
-from dflash_mlx.train.selfinstruct import (
-    InstructionFilter,
-    NearDuplicates,
-    clean_instruction,
-    instruction_request,
-    write_instructions,
-)
+from dflash_mlx.train.selfinstruct import InstructionFilter, instruction_request, write_instructions
 
 
 def test_requests_are_seeded_and_varied():

@@ -1,7 +1,9 @@
 """Drafter training: self-distillation data, cached target features, the objective, the loop.
 
 - `prompts`: offline prompt sources and the held-out split;
+- `answers`: the target answers prompt records in batches (the one place that generates);
 - `data`: the target answers its own prompts (`dflash data`);
+- `instructions`: user messages the target wrote, cleaned and deduplicated;
 - `selfinstruct`: the target writes chat prompts (`dflash instructions`);
 - `conversations`: multi-turn answers, every assistant turn trained on (`dflash data --turns`);
 - `features`: target features and top-K distributions, computed once, kept on disk;

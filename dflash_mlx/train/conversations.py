@@ -20,8 +20,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .data import answer_text, generate_answers
-from .selfinstruct import NearDuplicates, clean_instruction
+from .answers import answer_text, generate_answers
+from .instructions import NearDuplicates, clean_instruction
 
 FOLLOW_UPS = (
     "Can you give me an example?",

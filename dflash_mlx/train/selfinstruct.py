@@ -9,10 +9,9 @@ assistant's reply is prefilled with ``Here is the message: "`` and the message's
 words (an opener of that kind); the target writes the rest (measured on SmolLM2-135M:
 without the prefill most replies were answers, with it most are usable messages).
 
-Outputs are cleaned to one message (first line, up to the closing quote, at most two
-sentences, answer-like sentences cut, length bounds), deduplicated (normalised text,
-and word 3-gram Jaccard for near duplicates) and kept out of the evaluation: a message
-that equals or nearly equals any held-out user message is dropped. The result is a
+Outputs are cleaned to one message and deduplicated (`instructions`), and kept out of
+the evaluation: a message that equals or nearly equals any held-out user message is
+dropped. The result is a
 prompt JSONL that `dflash data --source FILE` answers; a log beside it records every
 request (kept or why not), which makes the writer resumable.
 """
@@ -21,10 +20,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Optional
+
+from .answers import answer_text, generate_answers
+from .data import iter_records
+from .instructions import NearDuplicates, clean_instruction
 
 _TOPICS = (
     "volcanoes",
@@ -220,14 +222,6 @@ _REQUEST = (
     "The message should be {style}. Write only the user's message."
 )
 _PREFILL = 'Here is the message:\n\n"'
-#: sentences that show the target answering (or talking about itself) instead of asking
-_ANSWER_LIKE = re.compile(
-    r"\b(I'm not sure|I am not sure|I'm here to|as an AI|I'm an AI|SmolLM|"
-    r"I can help|I'm sorry|I am sorry|happy to help|Sure[,!])",
-    re.IGNORECASE,
-)
-_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s+")
-_LABEL = re.compile(r"^\s*(?:question|request|message|instruction|user|q)\s*:\s*", re.IGNORECASE)
 
 
 def instruction_request(i: int, seed: int = 0) -> dict:
@@ -247,76 +241,6 @@ def instruction_request(i: int, seed: int = 0) -> dict:
         "messages": [{"role": "user", "content": text}],
         "prefill": _PREFILL + opener,
     }
-
-
-def clean_instruction(text: str, min_words: int = 4, max_words: int = 60) -> Optional[str]:
-    """One user message out of what the target wrote (opener included), or None when
-    nothing usable is left: the first line up to a closing quote, list markers and labels
-    removed, at most two sentences (ending at the first question), sentences that sound
-    like an answer cut, ending in . ? or !, `min_words`..`max_words` words, mostly letters."""
-    line = text.split('"')[0].strip().split("\n")[0]
-    line = _LABEL.sub("", _MARKER.sub("", line)).strip(" *'`")
-    kept: list[str] = []
-    for sentence in re.split(r"(?<=[.!?])\s+", line):
-        if not sentence or _ANSWER_LIKE.search(sentence):
-            break
-        kept.append(sentence)
-        if sentence.endswith("?") or len(kept) == 2:
-            break
-    out = " ".join(kept).strip()
-    words = out.split()
-    if not out or out[-1] not in ".?!" or not min_words <= len(words) <= max_words:
-        return None
-    letters = sum(c.isalpha() or c.isspace() for c in out)
-    return out if letters >= 0.8 * len(out) else None
-
-
-def normalize(text: str) -> str:
-    """Lowercase words without punctuation, single-spaced: what exact duplicates share."""
-    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
-
-
-def shingles(text: str, n: int = 3) -> frozenset:
-    """The word n-grams of the normalised text (the whole text when it is shorter)."""
-    words = normalize(text).split()
-    if len(words) < n:
-        return frozenset([tuple(words)])
-    return frozenset(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
-
-
-class NearDuplicates:
-    """Texts seen so far, and whether a new one equals one of them (normalised) or shares
-    at least `threshold` of its word 3-grams with one (Jaccard), via an inverted index."""
-
-    def __init__(self, texts: Iterable[str] = (), threshold: float = 0.5):
-        self.threshold = threshold
-        self.exact: set[str] = set()
-        self.sets: list[frozenset] = []
-        self.index: dict[tuple, list[int]] = defaultdict(list)
-        for t in texts:
-            self.add(t)
-
-    def add(self, text: str) -> None:
-        """Remember `text`."""
-        self.exact.add(normalize(text))
-        grams = shingles(text)
-        for g in grams:
-            self.index[g].append(len(self.sets))
-        self.sets.append(grams)
-
-    def match(self, text: str) -> Optional[str]:
-        """'exact' or 'near' when `text` duplicates a remembered text, else None."""
-        if normalize(text) in self.exact:
-            return "exact"
-        grams = shingles(text)
-        shared: dict[int, int] = defaultdict(int)
-        for g in grams:
-            for j in self.index.get(g, ()):
-                shared[j] += 1
-        for j, n in shared.items():
-            if n / (len(grams) + len(self.sets[j]) - n) >= self.threshold:
-                return "near"
-        return None
 
 
 def heldout_user_texts(path: str | Path) -> list[str]:
@@ -381,7 +305,6 @@ def write_instructions(
     import mlx.core as mx
 
     from ..loading import load
-    from .data import answer_text, generate_answers, iter_records
     from .progress import StepBar
     from .threads import ThreadControl
 
@@ -433,8 +356,6 @@ def _resume_point(kept: list[dict], log_path: Path, seed: int) -> tuple[int, set
     """(the next request to ask, the requests tried) of a rerun. Requests go in order, so
     every one before the last kept was tried, even where the log is lost (only the kept
     file is committed): asking them again would write duplicates."""
-    from .data import iter_records
-
     tried = {r["request"] for r in iter_records(log_path)} if log_path.is_file() else set()
     ours = [int(r["id"].rsplit("/", 1)[1]) for r in kept if r["id"].startswith(f"si/{seed}/")]
     start = max(ours, default=-1) + 1
