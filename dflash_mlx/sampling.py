@@ -48,11 +48,6 @@ def log_softmax(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def probabilities(logits: mx.array, temp: float, top_p: float = 1.0, top_k: int = 0) -> mx.array:
-    """The distribution sampling draws from, as in mlx-lm: filters, then temperature."""
-    return mx.softmax(filter_logprobs(log_softmax(logits), top_p, top_k) / temp, axis=-1)
-
-
 def _mix64(x: int) -> int:
     """splitmix64's finaliser: a bijection of 64-bit integers that scrambles every bit."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
@@ -88,10 +83,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temp == 0
-
-    def probs(self, logits: mx.array) -> mx.array:
-        """The distribution sampling draws from (not used when greedy)."""
-        return probabilities(logits, self.temp, self.top_p, self.top_k)
 
     def draws(self, start: int) -> "Draws":
         """The choices of the tokens at positions start, start + 1, ..."""

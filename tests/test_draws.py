@@ -1,6 +1,7 @@
 """Keyed draws on synthetic distributions, and the filters against mlx-lm's.
 
-* `filter_logprobs` / `probabilities` agree with mlx-lm's `apply_top_p` / `apply_top_k`.
+* `filter_logprobs` agrees with mlx-lm's `apply_top_p` / `apply_top_k`, and so does the
+  distribution sampling draws from (the filters, then the temperature).
 * Each position's choice follows the filtered distribution and positions are independent
   (a broken variant sharing one key is caught); the noise is a function of (seed,
   position) alone; draft and target choosing with the same noise agree with probability
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-from dflash_mlx.sampling import SamplingParams, accept, filter_logprobs, log_softmax, probabilities
+from dflash_mlx.sampling import SamplingParams, accept, filter_logprobs, log_softmax
 
 from chi_square import ALPHA, as_probs, assert_fits, chi2_sf, chi_square_gof
 
@@ -79,9 +80,8 @@ def test_filters_agree_with_mlx_lm(top_p, top_k):
     np.testing.assert_array_equal(ours[np.isfinite(ours)], ref[np.isfinite(ref)])
     for temp in (0.5, 1.0, 1.7):
         want = mx.softmax(mlx_lm_logprobs(logprobs, top_p, top_k) * (1.0 / temp), axis=-1)
-        np.testing.assert_allclose(
-            np.array(probabilities(logits, temp, top_p, top_k)), np.array(want), rtol=1e-5, atol=1e-7
-        )
+        ours = mx.softmax(filter_logprobs(log_softmax(logits), top_p, top_k) / temp, axis=-1)
+        np.testing.assert_allclose(np.array(ours), np.array(want), rtol=1e-5, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------
