@@ -56,10 +56,11 @@ def test_dedupe_and_heldout_overlap():
     assert f.reason("explain the water cycle to a ten year old!") == "heldout-exact"
     assert f.reason("Please explain the water cycle to a ten-year-old.") == "heldout-near"
     assert f.reason("Write a haiku about the moon tonight.") == "heldout-near"
-    assert f.keep("Why do cats purr when they are happy?")
-    assert not f.keep("Why do cats purr when they are happy ?")  # exact duplicate
+    assert f.reason("Why do cats purr when they are happy?") is None
+    f.keep("Why do cats purr when they are happy?")
+    assert f.reason("Why do cats purr when they are happy ?") == "duplicate-exact"
     assert f.reason("why do cats purr when they are very happy?") == "duplicate-near"
-    assert f.keep("How do I bake banana bread without eggs?")  # unrelated: kept
+    assert f.reason("How do I bake banana bread without eggs?") is None  # unrelated: kept
     assert f.reason("Write a haiku about the sea.") == "heldout-near"  # same template, short
     assert f.reason("Write a haiku about my grandmother's old garden.") is None  # two shared 3-grams of 9
     d = NearDuplicates(["a b c d e f"], threshold=0.5)

@@ -273,12 +273,9 @@ class InstructionFilter:
         hit = self.kept.match(text)
         return f"duplicate-{hit}" if hit else None
 
-    def keep(self, text: str) -> bool:
-        """Remember `text` and return True when it may be kept, else False."""
-        if self.reason(text) is not None:
-            return False
+    def keep(self, text: str) -> None:
+        """Remember `text` as kept: a later text that repeats it is a duplicate."""
         self.kept.add(text)
-        return True
 
 
 def write_instructions(
@@ -316,7 +313,7 @@ def write_instructions(
     filt = InstructionFilter(heldout_user_texts(heldout_file), threshold)
     kept = list(iter_records(out)) if out.is_file() else []
     for rec in kept:
-        filt.kept.add(rec["messages"][0]["content"])
+        filt.keep(rec["messages"][0]["content"])
     i, tried = _resume_point(kept, log_path, seed)
     limit = 8 * n
     stats: dict[str, int] = defaultdict(int)
@@ -337,7 +334,7 @@ def write_instructions(
                 if reason is None and len(kept) >= n:
                     continue  # not logged: asked again if a later run wants more
                 if reason is None:
-                    filt.kept.add(text)
+                    filt.keep(text)
                     kept.append(_instruction_record(seed, req, text))
                     fo.write(json.dumps(kept[-1]) + "\n")
                 fate = {"request": req["request"], "kind": req["kind"], "raw": raw, "kept": reason is None}
