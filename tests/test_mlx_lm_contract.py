@@ -30,7 +30,7 @@ from tiny_targets import tiny_target
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = [p for package in ("dflash_mlx", "converters", "app", "benchmarks") for p in (ROOT / package).rglob("*.py")]
-TEXTS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in SOURCE}
+WORDS = {p.relative_to(ROOT).as_posix(): set(re.findall(r"\w+", p.read_text())) for p in SOURCE}
 
 #: Names that must exist ("module:attribute"), by kind.
 NAMES = {
@@ -174,7 +174,7 @@ TIED = ("gemma4_text", "gemma4")  # no lm_head: the output layer is the embeddin
 
 def users(word: str) -> str:
     """Our source files that mention `word` (a few, then how many more)."""
-    found = sorted(path for path, text in TEXTS.items() if re.search(rf"\b{re.escape(word)}\b", text))
+    found = sorted(path for path, words in WORDS.items() if word in words)
     if not found:
         return "no file of ours"
     return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
