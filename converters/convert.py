@@ -1,4 +1,4 @@
-"""What `dflash convert` and `dflash export` do (the commands themselves live in app/cli.py).
+"""What `dflash convert` and `dflash export` do (the commands themselves are the app's, in `app/`).
 
 convert: a z-lab-layout drafter (Hub repo or local directory; safetensors, sharded
 safetensors or a PyTorch state dict) -> a ready MLX drafter directory::
