@@ -284,7 +284,7 @@ def test_a_rotating_cache_is_in_order_after_a_multi_token_update():
         want = list(range(max(0, first - (window - 1)), first + count))
         assert cache._idx == cache.keys.shape[2] and held == want, (
             f"mlx_lm.models.cache.RotatingKVCache after a {count}-token update holds {held} with _idx "
-            f"{cache._idx}, not {want} in order: dflash_mlx/rollback.py cannot roll it back"
+            f"{cache._idx}, not {want} in order: {users('_idx')} cannot roll it back"
         )
 
 
