@@ -8,10 +8,14 @@ between steps), leave at their own ends or are cancelled; each row's tokens must
 * seeded T > 0 with top-p / top-k: our loop on that request alone, same seed.
 Broken batches (two rows' seeds swapped, a cache merged into the wrong row) must give
 other text, so the comparisons can fail. An extracted row continues exactly, alone in
-mlx-lm's loop or joined again. Quantized KV caches and unknown families are refused.
+mlx-lm's loop or joined again; random schedules on the sliding-window and hybrid families
+(prompts past the window, rows extracted and added back) keep every text. Quantized KV
+caches and unknown families are refused.
 """
 
 from __future__ import annotations
+
+import random
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
@@ -196,3 +200,41 @@ def test_refused_caches_and_families(models):
         BatchDecoder(model).add(make_prompt_cache(model)[:1], 1, SamplingParams())
     with pytest.raises(ValueError, match="empty"):
         BatchDecoder(model).step()
+
+
+def _random_requests(rng: random.Random) -> list[dict]:
+    """3-6 requests: prompts of 1 to 30 tokens (past the window of 8), 1-20 new tokens,
+    greedy or seeded, joining at steps 0-15."""
+    requests = []
+    for _ in range(rng.randint(3, 6)):
+        greedy = rng.random() < 0.4
+        sampling = SamplingParams() if greedy else SamplingParams(rng.choice([0.7, 1.0]), 0.9, 20, rng.randrange(99))
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.choice([1, 2, 8, 9, 30]))]
+        requests.append(dict(prompt=prompt, n=rng.randint(1, 20), joins=rng.randint(0, 15), sampling=sampling))
+    return requests
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma4_text", "qwen3_5"])
+def test_random_schedules_with_extract_round_trips(models, family):
+    """Random joins and leaves; now and then a row is extracted, removed and added again
+    (a hand-off and back): every request's text still equals its solo text."""
+    model = models.get(family) or tiny_target(family, scale=2.0)
+    rng = random.Random(family)
+    for _ in range(2):
+        requests, decoder, owner = _random_requests(rng), BatchDecoder(model), {}
+        out = {k: [] for k in range(len(requests))}
+        for step in range(40):
+            for k, r in enumerate(requests):
+                if r["joins"] == step:
+                    owner[_join(decoder, model, r["prompt"], r["sampling"])] = k
+            if len(decoder) and rng.random() < 0.2:
+                uid = rng.choice(decoder.uids)
+                (cache, last), k = decoder.extract(uid), owner.pop(uid)
+                decoder.remove(uid)
+                owner[decoder.add(cache, last, requests[k]["sampling"])] = k
+            for uid, token, _ in decoder.step() if len(decoder) else []:
+                out[owner[uid]].append(token)
+                if len(out[owner[uid]]) == requests[owner[uid]]["n"]:
+                    decoder.remove(uid)
+        for k, r in enumerate(requests):
+            assert out[k] == ours_alone(model, r["prompt"], r["n"], r["sampling"]), f"{family} request {k}: {r}"
