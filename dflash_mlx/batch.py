@@ -53,13 +53,15 @@ PREFILL_CHUNK = 256
 
 def refusal(model: nn.Module, cache: Optional[Sequence[Any]] = None) -> Optional[str]:
     """Why `model` (with `cache`, a single-sequence prompt cache; default: a fresh one)
-    cannot decode in a batch, in one line; None when it can."""
+    cannot decode in a batch, in one line; None when it can. A request with a quantized
+    KV cache (`DecodeOptions.kv_bits`) decodes alone even before its cache is quantized:
+    the batch never quantizes."""
     kind = model_type(model)
     if kind not in BATCHED_FAMILIES:
         return f"model type {kind!r} is not batched (batched: {', '.join(BATCHED_FAMILIES)})"
     for layer in cache if cache is not None else make_prompt_cache(model):
         if type(layer) not in _MERGEABLE or getattr(layer, "keep", 0):
-            return f"a {type(layer).__name__} cannot join a batch (a quantized KV cache decodes alone)"
+            return f"a {type(layer).__name__} has no batch form in mlx-lm: its request decodes alone"
     return None
 
 
@@ -87,8 +89,9 @@ def cache_length(cache: Sequence[Any]) -> int:
 
 
 class Drawn(NamedTuple):
-    """One row's outcome of a step: its id, its new token, and the log-probabilities (V,)
-    it was drawn from (None unless the row asked for them)."""
+    """One row's outcome of a step: its id, its new token, and the target's
+    log-probabilities (V,) at that position, as the one-sequence loop gives them (None
+    unless the row asked for them)."""
 
     uid: int
     token: int

@@ -193,7 +193,7 @@ def test_refused_caches_and_families(models):
     model = models["llama"]
     assert batchable(model)
     quantized = [QuantizedKVCache() for _ in make_prompt_cache(model)]
-    assert "QuantizedKVCache" in refusal(model, quantized)
+    assert "QuantizedKVCache has no batch form" in refusal(model, quantized)
     with pytest.raises(ValueError, match="QuantizedKVCache"):
         BatchDecoder(model).add(quantized, 1, SamplingParams())
     with pytest.raises(ValueError, match="layers"):
