@@ -122,7 +122,7 @@ def out(tmp_path):
 @pytest.fixture(scope="module")
 def worker(default_model_dir):
     """The server's worker on the default model and drafter (one per test module)."""
-    from app.serve_worker import Worker
+    from app.server.worker import Worker
 
     w = Worker(default_max_tokens=32)
     w.start(timeout=600)
@@ -139,7 +139,7 @@ def live(worker):
 
     import uvicorn
 
-    from app.server import create_app
+    from app.server.routes import create_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

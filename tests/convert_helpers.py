@@ -167,7 +167,7 @@ def cli(*args):
     """Run `dflash ARGS` in-process; returns click's Result (stdout / stderr apart)."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from app.cli.main import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 

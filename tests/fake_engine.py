@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 
-from app.engine import Engine
+from app.chat.engine import Engine
 from dflash_mlx.options import DecodeOptions
 from dflash_mlx.speculative import GenerationResponse
 from dflash_mlx.stats import GenerationStats

@@ -48,7 +48,7 @@ def run_suite(files: list[str]) -> dict:
 
 def main(out: str = "mac-check.json") -> int:
     """Run every suite and the kernel bench, write the report to `out`; 1 if a test failed."""
-    from app.bench_kernels import kernel_table, run_kernel_bench
+    from app.cli.bench.kernels import kernel_table, run_kernel_bench
     from dflash_mlx.kernels import metal_ready
     from dflash_mlx.kernels.choice import machine
 

@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeBackend, fake_engine_factory  # noqa: E402
 
-from app.chat import ChatApp, app_from_args  # noqa: E402
-from app.widgets import DRAFT_STYLE, TARGET_STYLE, Note, Reply, StatsPanel, Summary, UserMessage  # noqa: E402
-from app.engine import Settings  # noqa: E402
+from app.chat.app import ChatApp
+from app.chat.main import app_from_args  # noqa: E402
+from app.chat.widgets import DRAFT_STYLE, TARGET_STYLE, Note, Reply, StatsPanel, Summary, UserMessage  # noqa: E402
+from app.chat.engine import Settings  # noqa: E402
 from dflash_mlx.options import DecodeOptions  # noqa: E402
 
 REPLY = "The answer| is **4**.| Two plus two| makes four."
@@ -450,7 +451,7 @@ def test_cli_flags():
     ],
 )
 def test_cli_bad_options_exit_with_one_line(flags, words):
-    from app.chat import main
+    from app.chat.main import main
 
     with pytest.raises(SystemExit) as info:
         main(flags)

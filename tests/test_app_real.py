@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 async def _chat(prompt: str, screenshot: str | None) -> tuple:
-    from app.chat import ChatApp
-    from app.widgets import Note, StatsPanel
-    from app.engine import Settings
+    from app.chat.app import ChatApp
+    from app.chat.widgets import Note, StatsPanel
+    from app.chat.engine import Settings
 
     app = ChatApp(draft=os.environ.get("DFLASH_CHAT_DRAFT"), settings=Settings(max_tokens=48))
     async with app.run_test(size=(100, 34)) as pilot:

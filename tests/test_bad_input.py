@@ -292,7 +292,7 @@ def _assert_clean_failure(exit_code: int, stderr: str, words) -> None:
 def test_cli_generate_bad_drafter(default_model_dir, bad_drafter_paths, case):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from app.cli.main import app
 
     path, word = bad_drafter_paths[case]
     result = CliRunner().invoke(
@@ -344,7 +344,7 @@ BAD_OPTIONS = [
 def test_cli_generate_bad_options(default_model_dir, flags, words):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from app.cli.main import app
 
     result = CliRunner().invoke(
         app, ["generate", "--prompt", "Hello", "--model", str(default_model_dir), "--max-tokens", "4", *flags]

@@ -5,9 +5,9 @@ import json
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 from typer.testing import CliRunner
 
-from app.bench import markdown_table, run_bench
-from app.bench_context import QUESTIONS
-from app.cli import app
+from app.cli.bench.speed import markdown_table, run_bench
+from app.cli.bench.context import QUESTIONS
+from app.cli.main import app
 
 
 def test_bench_random_drafter_against_mlx_lm_and_zlab(default_model_dir):
@@ -94,7 +94,7 @@ def test_bench_compares_draft_vocabularies(default_model_dir, tmp_path):
 
 def test_bench_kernels_table(default_model_dir, tmp_path, monkeypatch):
     """`dflash bench --kernels`: a row per M; off a Mac it says plainly the kernel did not run."""
-    from app import bench_kernels
+    from app.cli.bench import kernels as bench_kernels
 
     out, full = tmp_path / "kernels.json", bench_kernels.run_kernel_bench
     monkeypatch.setattr(bench_kernels, "run_kernel_bench", lambda model, progress: full(model, progress, (1, 4), 1))
@@ -114,7 +114,7 @@ def test_bench_kernels_table(default_model_dir, tmp_path, monkeypatch):
 def test_bench_replay_timing_runs(monkeypatch):
     """The Mac-only rollback timing, run here with the replay's fallback standing in for the kernel."""
     import dflash_mlx.kernels
-    from app.bench_kernels import REPLAY_KEEP, _replay_lines, replay_times
+    from app.cli.bench.kernels import REPLAY_KEEP, _replay_lines, replay_times
     from tiny_targets import tiny_target
 
     if not dflash_mlx.kernels.metal_ready():
@@ -131,7 +131,7 @@ def test_bench_context_lengths(default_model_dir, tmp_path):
     """`dflash bench --context`: one row per length of real documentation before the question
     (the questions from --prompts), ours token-identical to mlx-lm at each, prompts as long as
     asked, the report's JSON and its plot written."""
-    from app.bench_context import context_table, documentation
+    from app.cli.bench.context import context_table, documentation
 
     questions, out, png = tmp_path / "questions.txt", tmp_path / "context.json", tmp_path / "context.png"
     questions.write_text("\n".join(QUESTIONS[:2]) + "\n")

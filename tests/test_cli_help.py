@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from app.cli import app
+from app.cli.main import app
 
 GROUP = typer.main.get_command(app)
 COMMANDS = ["", *GROUP.commands]  # "": `dflash --help` itself

@@ -8,7 +8,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
+from app.cli.main import app
 from dflash_mlx.train.curves import fit, hours_for, read_curve
 
 

@@ -55,7 +55,7 @@ def launch(ranks: int, *args: str, timeout: float = 240) -> subprocess.Completed
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
-CLI = ("-c", "from app.cli import main; main()")
+CLI = ("-c", "from app.cli.main import main; main()")
 
 
 def cli(ranks: int, *args: str) -> subprocess.CompletedProcess:
@@ -170,7 +170,7 @@ def test_unreachable_rank_is_one_line(tmp_path):
     hostfile = tmp_path / "hosts.json"  # as mlx.launch writes it; nobody listens there
     hostfile.write_text('[["127.0.0.1:1"], ["127.0.0.1:2"]]')
     env = dict(os.environ, MLX_RANK="0", MLX_HOSTFILE=str(hostfile), DFLASH_CONNECT_TIMEOUT="1", PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-c", "from app.cli import main; main()", "generate", "--prompt", PROMPT]
+    command = [sys.executable, "-c", "from app.cli.main import main; main()", "generate", "--prompt", PROMPT]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode != 0
     assert proc.stderr.strip().startswith("error: rank 0 on ") and "reached no other rank in 1s" in proc.stderr

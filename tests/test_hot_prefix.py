@@ -9,7 +9,7 @@ from __future__ import annotations
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import pytest
 
-from app.serve_worker import HOT_PREFIX, CachePool, Worker
+from app.server.worker import HOT_PREFIX, CachePool, Worker
 from dflash_mlx.cache import MARKS, PromptCache
 from dflash_mlx.cycles import PREFILL_STEP
 from dflash_mlx.targets import make_target

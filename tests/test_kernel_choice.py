@@ -96,7 +96,7 @@ def test_replay_pairs_for_a_hybrid_target():
 
 def test_bench_prints_the_choice(quantized_llama):
     """`dflash bench --kernels` shows which side runs per shape and rows, or why nothing was chosen."""
-    from app.bench_kernels import choice_lines
+    from app.cli.bench.kernels import choice_lines
 
     pairs = tune.qmm_pairs(tune.decoder.projections(quantized_llama.model.layers[0]), rows=range(3, 6))
     table = "\n".join(choice_lines(choice.decide(pairs, fake_timer)))

@@ -57,8 +57,8 @@ def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
     """`dflash-chat --prompt-cache-file`: the engine loads the file, the conversation
     follows its tokens (none of them prefilled again) and the reply is the one a fresh
     prefill of prefix + conversation gives; a file for another model is refused in one line."""
-    from app.chat import main
-    from app.engine import Engine, Finished, Loaded, Settings, Token
+    from app.chat.main import main
+    from app.chat.engine import Engine, Finished, Loaded, Settings, Token
     from dflash_mlx import load, load_draft, stream_generate
     from dflash_mlx.cache import cache_ids
     from dflash_mlx.messages import apply_chat_template

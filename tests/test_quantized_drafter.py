@@ -19,7 +19,7 @@ import mlx_lm
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from app.bench import draft_milliseconds
+from app.cli.bench.speed import draft_milliseconds
 from converters.convert import convert_drafter
 from converters.options import ConvertOptions
 from dflash_mlx import load_draft, stream_generate

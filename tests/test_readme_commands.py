@@ -19,8 +19,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from app.chat import app_from_args
-from app.cli import app
+from app.chat.main import app_from_args
+from app.cli.main import app
 from dflash_mlx.defaults import shipped_drafter_dir
 
 ROOT = Path(__file__).resolve().parent.parent

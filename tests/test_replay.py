@@ -68,7 +68,7 @@ def test_eval_replay_reports_what_decoding_does(default_model_dir, tmp_path):
     and keeps the target's answers where --answers says."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from app.cli.main import app
 
     held = (shipped_asset("prompts") / "heldout.jsonl").read_text().splitlines()
     prompts = tmp_path / "prompts.jsonl"

@@ -16,7 +16,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 
 from typer.testing import CliRunner
 
-from app.cli import app
+from app.cli.main import app
 from dflash_mlx import load_draft, stream_generate
 from dflash_mlx.drafter2 import Drafter2
 from dflash_mlx.loading import DEFAULT_DRAFT_DIR

@@ -19,8 +19,8 @@ import httpx
 import mlx_lm
 import pytest
 
-from app.serve_worker import Worker
-from app.server import create_app
+from app.server.worker import Worker
+from app.server.routes import create_app
 
 slow = pytest.mark.slow
 CHAT = "/v1/chat/completions"
@@ -358,7 +358,7 @@ def test_dflash_serve_process_end_to_end(default_model_dir):
 
 
 def test_penalties_off_are_accepted(default_model):
-    from app.api import ModelInfo, parse_request
+    from app.server.openai_api import ModelInfo, parse_request
 
     info = ModelInfo("m", default_model[1], 2048, 8)
     off = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1}

@@ -9,9 +9,9 @@ import socket
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 from typer.testing import CliRunner
 
-from app.api import APIError
-from app.serve_worker import CachePool, Worker
-from app.server import host_warning
+from app.server.openai_api import APIError
+from app.server.worker import CachePool, Worker
+from app.server.routes import host_warning
 
 
 def test_host_warning():
@@ -20,7 +20,7 @@ def test_host_warning():
 
 
 def test_cli_serve_warns_for_every_interface_and_fails_in_one_line(monkeypatch):
-    from app.cli import app
+    from app.cli.main import app
 
     def no_model(self, timeout=None):
         raise RuntimeError("no model here")
@@ -35,7 +35,7 @@ def test_cli_serve_warns_for_every_interface_and_fails_in_one_line(monkeypatch):
 
 
 def test_cli_serve_busy_port_is_one_line(monkeypatch):
-    from app.cli import app
+    from app.cli.main import app
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -45,7 +45,7 @@ def test_cli_serve_busy_port_is_one_line(monkeypatch):
 
 
 def test_cli_serve_bad_draft_vocab_is_one_line(default_model_dir, tmp_path):
-    from app.cli import app
+    from app.cli.main import app
 
     bad = tmp_path / "v.json"
     bad.write_text(json.dumps({"ids": [3, 1], "eos_token_ids": [2]}))

@@ -26,7 +26,7 @@ TOLERANCE = 1e-3
 @pytest.fixture(scope="module")
 def worker(default_model_dir):
     """A worker that drafts every cycle (fixed blocks of 8): accepted drafts are certain to be checked."""
-    from app.serve_worker import Worker
+    from app.server.worker import Worker
     from dflash_mlx.options import DecodeOptions
 
     w = Worker(options=DecodeOptions(block_size=8), default_max_tokens=32)

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from test_server import CHAT, PROMPTS, sse, user, wait_idle
 
-from app.api import parse_request
-from app.serve_worker import Done, Job
+from app.server.openai_api import parse_request
+from app.server.worker import Done, Job
 
 pytestmark = pytest.mark.slow
 STREAMS = 32

@@ -17,10 +17,10 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper, load as load_tokenizer
 from test_server_tools import events, scripted
 
-from app import anthropic_api
-from app.api import APIError, ModelInfo, completion_body, parse_request
-from app.serve_worker import Done
-from app.server import _anthropic_stream, _stream
+from app.server import anthropic_api
+from app.server.openai_api import APIError, ModelInfo, completion_body, parse_request
+from app.server.worker import Done
+from app.server.routes import _anthropic_stream, _stream
 
 THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

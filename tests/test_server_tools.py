@@ -19,11 +19,11 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper, load as load_tokenizer
 from mlx_lm.tool_parsers import qwen3_coder
 
-from app import anthropic_api
-from app.api import APIError, ModelInfo, chat_prompt, completion_body, parse_request
-from app.serve_output import OutputSplitter, tool_format, tool_prompt
-from app.serve_worker import Delta, Done, Job
-from app.server import _anthropic_stream, _stream
+from app.server import anthropic_api
+from app.server.openai_api import APIError, ModelInfo, chat_prompt, completion_body, parse_request
+from app.server.output import OutputSplitter, tool_format, tool_prompt
+from app.server.worker import Delta, Done, Job
+from app.server.routes import _anthropic_stream, _stream
 
 WEATHER = {
     "type": "function",

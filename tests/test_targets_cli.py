@@ -12,7 +12,7 @@ import mlx_lm
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
+from app.cli.main import app
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.drafters import save_drafter
 from dflash_mlx.targets import make_target

@@ -267,11 +267,11 @@ def bench(
 
     from dflash_mlx.distributed import choose_sharding, is_leader
 
-    from .bench import markdown_table, read_prompts, run_bench, write_json
+    from app.cli.bench.speed import markdown_table, read_prompts, run_bench, write_json
 
     console = Console(stderr=True)
     if verify_cost:
-        from .bench_verify import run_verify_cost, verify_cost_table
+        from app.cli.bench.verify import run_verify_cost, verify_cost_table
 
         with console.status("timing verifies") as status:
             report = run_verify_cost(model, progress=lambda msg: status.update(msg))
@@ -280,7 +280,7 @@ def bench(
             write_json(report, json_out)
         return
     if context:
-        from .bench_context import QUESTIONS, context_header, context_line, plot_context, run_context_bench
+        from app.cli.bench.context import QUESTIONS, context_header, context_line, plot_context, run_context_bench
 
         lengths = [int(n) for n in context.split(",") if n.strip()]
         questions = read_prompts(prompts)[0] if prompts else QUESTIONS
@@ -301,7 +301,7 @@ def bench(
             plot_context(report["results"], plot)
         return
     if kernels:
-        from .bench_kernels import kernel_table, run_kernel_bench
+        from app.cli.bench.kernels import kernel_table, run_kernel_bench
 
         with console.status("timing the verify kernel") as status:
             report = run_kernel_bench(model, progress=lambda msg: status.update(msg))
@@ -427,9 +427,9 @@ def serve(
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
     from dflash_mlx.distributed import choose_sharding, world_size
 
-    from .serve_ranks import Ranks, follow
-    from .serve_worker import Worker
-    from .server import run_server
+    from app.server.ranks import Ranks, follow
+    from app.server.worker import Worker
+    from app.server.routes import run_server
 
     options = DecodeOptions(
         block_size=block_size,
@@ -467,7 +467,7 @@ def serve(
     os._exit(0)
 
 
-from app.train_cli import (  # noqa: E402
+from app.cli.train import (  # noqa: E402
     curves_command,
     data_command,
     draft_vocab_command,

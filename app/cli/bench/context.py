@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 from dflash_mlx.messages import apply_chat_template, user_messages
 from dflash_mlx.stats import tau
 
-from .bench import _clock, draft_milliseconds
+from .speed import _clock, draft_milliseconds
 
 DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 7000)
 MODULES = ("json", "pathlib", "collections", "functools", "itertools", "argparse", "textwrap", "datetime", "re")

@@ -26,8 +26,8 @@ import sys
 from dataclasses import asdict
 from typing import Any, Callable, Optional
 
-from app.api import CompletionRequest
-from app.serve_worker import Failed, Job, Worker
+from app.server.openai_api import CompletionRequest
+from app.server.worker import Failed, Job, Worker
 from dflash_mlx.distributed import here, is_leader
 from dflash_mlx.options import DecodeOptions
 

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 from jinja2 import TemplateError
 
-from app.serve_output import OutputSplitter, Piece, ToolFormat, think_markers, tool_format, tool_prompt
+from app.server.output import OutputSplitter, Piece, ToolFormat, think_markers, tool_format, tool_prompt
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.options import DecodeOptions, OptionError
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.options import DecodeOptions
 
-from .worker import Failed, ModelThread, describe_error
+from app.model_thread import Failed, ModelThread, describe_error
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 BAR_HISTORY = 64  # how many of the last blocks' accepted lengths the events carry

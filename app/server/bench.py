@@ -1,6 +1,6 @@
 """Tokens/s through OpenAI-compatible servers, side by side: `dflash serve` vs `mlx_lm.server`.
 
-    python -m app.serve_bench http://127.0.0.1:8080 http://127.0.0.1:8081 [-m 64] [--prompts FILE]
+    python -m app.server.bench http://127.0.0.1:8080 http://127.0.0.1:8081 [-m 64] [--prompts FILE]
 
 Each server gets the same chat prompts, greedy, one request at a time, streamed; a
 request's speed is its completion tokens over the time from its first streamed token to

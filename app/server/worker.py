@@ -33,15 +33,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from app.api import CompletionRequest, ModelInfo, TokenLogprob
-from app.worker import Failed, ModelThread, describe_error
+from app.server.openai_api import CompletionRequest, ModelInfo, TokenLogprob
+from app.model_thread import Failed, ModelThread, describe_error
 from dflash_mlx.cycles import PREFILL_STEP
 from dflash_mlx.options import DecodeOptions
 
 import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
 
 if TYPE_CHECKING:
-    from app.serve_ranks import Ranks
+    from app.server.ranks import Ranks
 
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker"]
 

@@ -19,8 +19,8 @@ import time
 import uuid
 from typing import Any, Optional
 
-from app.serve_output import Piece
-from app.api import (
+from app.server.output import Piece
+from app.server.openai_api import (
     APIError,
     CompletionRequest,
     ModelInfo,

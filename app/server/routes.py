@@ -33,8 +33,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app import anthropic_api
-from app.api import (
+from app.server import anthropic_api
+from app.server.openai_api import (
     APIError,
     CompletionRequest,
     ModelInfo,
@@ -47,8 +47,8 @@ from app.api import (
     piece_chunks,
     usage,
 )
-from app.serve_output import Piece
-from app.serve_worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
+from app.server.output import Piece
+from app.server.worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
 
 __all__ = ["create_app", "host_warning", "metrics_text", "run_server"]
 

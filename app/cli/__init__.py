@@ -1,0 +1,2 @@
+"""`dflash`: the command line. `main.py` is the typer app (generate, cache-prompt, convert, export,
+serve), `bench/` the `dflash bench` commands, `train.py` the data, train and eval commands."""
