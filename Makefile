@@ -56,7 +56,7 @@ bench: $(RUNTIME)
 	$(VENV)/bin/dflash bench
 
 # On a Mac: the Metal kernel tests on the GPU, the lossless, chi-square, bfloat16 and
-# 4-/8-bit suites, and `dflash bench --kernels`, all in one report (tests/mac_check.py).
+# 4-/8-bit suites, and `dflash bench kernels`, all in one report (tests/mac_check.py).
 mac-check: $(DEV)
 	$(PY) tests/mac_check.py mac-check.json
 

@@ -3,7 +3,7 @@
 CI runs on Linux CPUs, where the Metal kernels only run in the emulator. On a Mac this
 runs the kernel tests on the real GPU (test_kernel*.py), the lossless and chi-square
 suites, the whole loop on bfloat16 and 4-/8-bit targets (test_dtypes.py) and
-`dflash bench --kernels`, and writes every outcome and timing to one JSON file that
+`dflash bench kernels`, and writes every outcome and timing to one JSON file that
 BENCHMARKS.md can quote. Exits non-zero if any test failed.
 """
 

@@ -3,6 +3,7 @@
 import json
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+from dflash_mlx import DecodeOptions
 from typer.testing import CliRunner
 
 from app.cli.bench.speed import markdown_table, run_bench
@@ -51,6 +52,7 @@ def test_bench_cli_writes_json(default_model_dir, tmp_path):
         app,
         [
             "bench",
+            "speed",
             "--model",
             str(default_model_dir),
             "--draft",
@@ -92,13 +94,32 @@ def test_bench_compares_draft_vocabularies(default_model_dir, tmp_path):
     assert "| draft ms |" in markdown_table(report)
 
 
+def test_bench_alone_runs_speed_with_its_defaults(monkeypatch):
+    """`dflash bench` with no subcommand is `dflash bench speed` with every default (`make bench`)."""
+    from app.cli.bench import speed
+
+    seen = {}
+
+    def fake_run_bench(model, draft, texts, max_tokens, options, reference, **rest):
+        seen.update(model=model, texts=texts, max_tokens=max_tokens, options=options, reference=reference, **rest)
+        raise KeyboardInterrupt  # stop there: the routing and the defaults are what is checked
+
+    monkeypatch.setattr(speed, "run_bench", fake_run_bench)
+    for args in (["bench"], ["bench", "speed"]):
+        seen.clear()
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 130, (args, result.output)
+        assert seen["model"] is None and seen["texts"] is None and seen["max_tokens"] == 128
+        assert seen["options"] == DecodeOptions() and seen["reference"] and seen["fixed_sizes"] == [4, 8, 16]
+
+
 def test_bench_kernels_table(default_model_dir, tmp_path, monkeypatch):
-    """`dflash bench --kernels`: a row per M; off a Mac it says plainly the kernel did not run."""
+    """`dflash bench kernels`: a row per M; off a Mac it says plainly the kernel did not run."""
     from app.cli.bench import kernels as bench_kernels
 
     out, full = tmp_path / "kernels.json", bench_kernels.run_kernel_bench
     monkeypatch.setattr(bench_kernels, "run_kernel_bench", lambda model, progress: full(model, progress, (1, 4), 1))
-    result = CliRunner().invoke(app, ["bench", "--kernels", "--model", str(default_model_dir), "--json", str(out)])
+    result = CliRunner().invoke(app, ["bench", "kernels", "--model", str(default_model_dir), "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert [r["m"] for r in report["rows"]] == [1, 4] and report["projections_per_layer"] == 7
@@ -128,15 +149,15 @@ def test_bench_replay_timing_runs(monkeypatch):
 
 
 def test_bench_context_lengths(default_model_dir, tmp_path):
-    """`dflash bench --context`: one row per length of real documentation before the question
+    """`dflash bench context`: one row per length of real documentation before the question
     (the questions from --prompts), ours token-identical to mlx-lm at each, prompts as long as
     asked, the report's JSON and its plot written."""
     from app.cli.bench.context import context_table, documentation
 
     questions, out, png = tmp_path / "questions.txt", tmp_path / "context.json", tmp_path / "context.png"
     questions.write_text("\n".join(QUESTIONS[:2]) + "\n")
-    args = ["--model", default_model_dir, "--context", "32,160", "--prompts", questions, "-m", 8]
-    result = CliRunner().invoke(app, ["bench", *map(str, args), "--json", str(out), "--plot", str(png)])
+    args = ["--model", default_model_dir, "--lengths", "32,160", "--prompts", questions, "-m", 8]
+    result = CliRunner().invoke(app, ["bench", "context", *map(str, args), "--json", str(out), "--plot", str(png)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = report["results"]

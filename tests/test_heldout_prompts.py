@@ -53,7 +53,7 @@ def test_shipped_heldout_sets_stay_out_of_training():
 def test_bench_and_eval_read_the_sets_by_name(tmp_path):
     """`--prompts math` (bench and eval alike) is the shipped held-out math file; `heldout` all
     40 with their kinds; a name that is neither a file nor a set is one line naming it."""
-    from app.cli.bench.speed import read_prompts
+    from app.cli.bench.commands import read_prompts
     from dflash_mlx.messages import read_prompt_sources
 
     assert read_prompt_sources(["math"]) == read_prompt_file(PROMPTS / "heldout_math.jsonl")

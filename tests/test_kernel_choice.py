@@ -95,7 +95,7 @@ def test_replay_pairs_for_a_hybrid_target():
 
 
 def test_bench_prints_the_choice(quantized_llama):
-    """`dflash bench --kernels` shows which side runs per shape and rows, or why nothing was chosen."""
+    """`dflash bench kernels` shows which side runs per shape and rows, or why nothing was chosen."""
     from app.cli.bench.kernels import choice_lines
 
     pairs = tune.qmm_pairs(tune.decoder.projections(quantized_llama.model.layers[0]), rows=range(3, 6))

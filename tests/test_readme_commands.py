@@ -63,7 +63,10 @@ def test_readme_command_parses(line):
         else:
             name, *rest = args
             assert name in GROUP.commands, f"no command {name!r}"
-            GROUP.commands[name].make_context(f"dflash {name}", rest)  # parses and converts, runs nothing
+            command, path = GROUP.commands[name], f"dflash {name}"
+            while rest and rest[0] in getattr(command, "commands", {}):  # a subcommand: `bench speed`
+                command, path, rest = command.commands[rest[0]], f"{path} {rest[0]}", rest[1:]
+            command.make_context(path, rest)  # parses and converts, runs nothing
 
 
 def run(*args: str) -> str:

@@ -1,7 +1,9 @@
 """The chat's slash commands (`/help`, `/stats`, `/temp`, ...), one method each.
 
-They are a mixin of the app (`ChatApp` in `chat.py`) because each one drives its state,
-widgets and engine; `command` dispatches ``/name arg`` to ``cmd_name(arg)``.
+They are a mixin of the app (`ChatApp` in `app.py`) because each one drives its state,
+widgets and engine; `command` dispatches ``/name arg`` to ``cmd_name(arg)``, and the
+commands that set a decoding option (`OPTIONS`) to `set_option`, whose parsing, usage and
+help lines `app.flags` makes from the `DecodeOptions` field.
 """
 
 from __future__ import annotations
@@ -11,18 +13,22 @@ from pathlib import Path
 
 from textual.widgets import Markdown
 
+from app.flags import describe, parse_value, slash_help, usage
+from dflash_mlx import OptionError
+
 #: The largest file `/file` pastes (a long prompt, not a data set).
 MAX_FILE_BYTES = 1_000_000
 
-HELP = """\
+#: The slash commands that set a decoding option: `/temp 0.7`, `/block 4`, `/tree auto`.
+OPTIONS = {"temp": "temp", "block": "block_size", "tree": "tree_budget"}
+
+HELP = f"""\
 **Commands**
 
 - `/help` this help
 - `/stats` numbers of the last reply and of the whole session
 - `/clear` forget the conversation and its KV cache
-- `/temp X` sampling temperature (0 = greedy)
-- `/block N` drafter block size (`/block auto`: the drafter's own)
-- `/tree N` draft trees of N nodes (`/tree 0`: chains only; `/tree auto`: chosen per cycle)
+{chr(10).join(slash_help(command, name) for command, name in OPTIONS.items())}
 - `/baseline` toggle target-only decoding, to feel the difference
 - `/save FILE` save the transcript as Markdown
 - `/file PATH [TEXT]` send TEXT with the file's contents pasted below it (a document, code)
@@ -37,6 +43,9 @@ class SlashCommands:
 
     async def command(self, line: str) -> None:
         name, _, arg = line[1:].partition(" ")
+        if name.lower() in OPTIONS:
+            await self.set_option(name.lower(), arg.strip())
+            return
         handler = getattr(self, f"cmd_{name.lower()}", None)
         if handler is None:
             await self.note(f"Unknown command /{name}. /help lists the commands.", "error")
@@ -59,34 +68,16 @@ class SlashCommands:
         await self.note("Conversation cleared (KV cache reset).")
         self.refresh_stats()
 
-    async def cmd_temp(self, arg: str) -> None:
-        try:  # DecodeOptions checks the value (OptionError is a ValueError)
-            self.settings.options = replace(self.settings.options, temp=float(arg))
-        except ValueError:
-            await self.note("Usage: /temp X  with X >= 0 (0 = greedy).", "error")
-            return
-        await self.note(f"Temperature set to {self.settings.options.temp:g}.")
-        self.refresh_stats()
-
-    async def cmd_block(self, arg: str) -> None:
+    async def set_option(self, command: str, arg: str) -> None:
+        """`/command VALUE`: set the decoding option `OPTIONS[command]` (checked by `DecodeOptions`)."""
+        name = OPTIONS[command]
         try:
-            size = None if arg.lower() in ("auto", "default") else int(arg)
-            self.settings.options = replace(self.settings.options, block_size=size)
-        except ValueError:
-            await self.note("Usage: /block N  with N >= 2, or /block auto.", "error")
+            self.settings.options = replace(self.settings.options, **{name: parse_value(name, arg)})
+        except ValueError as e:  # not a number, or an `OptionError` naming the rule
+            rule = f": {e.named(f'/{command}')}" if isinstance(e, OptionError) else ""
+            await self.note(f"Usage: /{command} {usage(name)}{rule}.", "error")
             return
-        await self.note(f"Block size set to {self.settings.options.block_size or 'auto'}.")
-        self.refresh_stats()
-
-    async def cmd_tree(self, arg: str) -> None:
-        try:
-            budget = None if arg.lower() in ("auto", "default") else int(arg)
-            self.settings.options = replace(self.settings.options, tree_budget=budget)
-        except ValueError:
-            await self.note("Usage: /tree N  with N >= 0 draft-tree nodes (0: chains only), or /tree auto.", "error")
-            return
-        budget = self.settings.options.tree_budget
-        await self.note(f"Draft trees: {'auto' if budget is None else 'off' if budget == 0 else f'{budget} nodes'}.")
+        await self.note(f"{describe(name, getattr(self.settings.options, name)).capitalize()}.")
         self.refresh_stats()
 
     async def cmd_baseline(self, arg: str) -> None:

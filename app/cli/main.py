@@ -8,46 +8,30 @@ stays quick.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Optional
 
 import typer
 
+from app.cli.bench.commands import bench_app
+from app.cli.common import SHARDING_HELP, one_line_errors
+from app.cli.train import (
+    curves_command,
+    data_command,
+    draft_vocab_command,
+    eval_command,
+    instructions_command,
+    train_command,
+)
+from app.flags import DRAFTING, KV_CACHE, SAMPLING, WINDOW, decode_flags
 from converters.convert import ConvertOptions, convert_drafter, convert_target_model, export_drafter
 from converters.options import Q_BITS, Q_GROUP_SIZES
+from dflash_mlx import DecodeOptions
 from dflash_mlx.config import parse_layer_ids
-from dflash_mlx.errors import EXPECTED_ERRORS, one_line
-from dflash_mlx.options import DecodeOptions, OptionError
 
-#: The decoding defaults, which the options below show (`DecodeOptions` owns them).
-DEFAULTS = DecodeOptions()
-TREE_HELP = (
-    "Draft-tree nodes per cycle (plain attention targets; 0: chains only; "
-    "default: chosen per cycle when the block size is adaptive)."
-)
-LOOKUP_HELP = (
-    "Prompt lookup: the longest context suffix matched; what followed it before joins each draft tree "
-    "as a path, and replaces a chain's drafts where it promises more (0: off)."
-)
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
-SHARDING_HELP = "Under mlx.launch: shard the target by mlx-lm's tensor or pipeline parallelism (default: auto)."
-
-
-def kv_options() -> tuple:
-    """--kv-bits, --kv-group-size, --quantized-kv-start (mlx-lm's flags), for a command's signature."""
-    return (
-        typer.Option(DEFAULTS.kv_bits, "--kv-bits", help="Quantize the target's KV cache to 2-8 bits (default: off)."),
-        typer.Option(DEFAULTS.kv_group_size, "--kv-group-size", help="Group size of the KV cache quantization."),
-        typer.Option(
-            DEFAULTS.quantized_kv_start, "--quantized-kv-start", help="Tokens cached before the KV cache is quantized."
-        ),
-    )
-
-
-KV_BITS, KV_GROUP, KV_START = kv_options()
 
 # Plain (click-style) help, not typer's Rich panels: typer >= 0.29 prints a value type after
 # every flag there (`--force <bool>`, even `--help <bool>`), and the plain formatter rewraps
@@ -55,6 +39,7 @@ KV_BITS, KV_GROUP, KV_START = kv_options()
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="DFlash speculative decoding on MLX."
 )
+app.add_typer(bench_app, name="bench")
 
 
 @app.callback()
@@ -62,33 +47,9 @@ def _group() -> None:
     """DFlash speculative decoding on MLX."""
 
 
-def one_line_errors(fn: Callable) -> Callable:
-    """Turn expected failures into one clear line on stderr and exit code 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except OptionError as e:  # named by its flag: --top-p, --block-size, ...
-            typer.secho(f"error: {e.named('--' + e.field.replace('_', '-'))}", err=True, fg="red")
-            raise typer.Exit(1) from None
-        except EXPECTED_ERRORS as e:
-            typer.secho(f"error: {one_line(e)}", err=True, fg="red")
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            typer.secho("interrupted", err=True, fg="red")
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def _kernels(no_kernels: bool) -> Optional[bool]:
-    """--no-kernels as `DecodeOptions.kernels` (None: on where they run)."""
-    return False if no_kernels else None
-
-
 @app.command()
 @one_line_errors
+@decode_flags(*SAMPLING, *DRAFTING, "profile", *WINDOW, *KV_CACHE)
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The prompt (chat template applied)."),
     model: Optional[str] = typer.Option(
@@ -102,34 +63,16 @@ def generate(
         None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
     ),
     max_tokens: int = typer.Option(256, "--max-tokens", "-m"),
-    temp: float = typer.Option(DEFAULTS.temp, "--temp", help="Sampling temperature (0: greedy)."),
-    top_p: float = typer.Option(DEFAULTS.top_p, "--top-p", help="Nucleus sampling threshold in (0, 1]."),
-    top_k: int = typer.Option(DEFAULTS.top_k, "--top-k", help="Sample among the k most likely tokens (0: off)."),
-    seed: Optional[int] = typer.Option(DEFAULTS.seed, "--seed"),
-    block_size: Optional[int] = typer.Option(
-        DEFAULTS.block_size, "--block-size", help="Tokens verified per cycle, 2 .. the drafter's (default: adaptive)."
-    ),
-    tree_budget: Optional[int] = typer.Option(DEFAULTS.tree_budget, "--tree-budget", help=TREE_HELP),
-    lookup: int = typer.Option(DEFAULTS.lookup, "--lookup", help=LOOKUP_HELP),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
-    no_kernels: bool = typer.Option(
-        False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
-    ),
     sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP),
     check_ranks: bool = typer.Option(
         False, "--check-ranks", help="Under mlx.launch: check after every token that all ranks agree (debug)."
     ),
-    kv_bits: Optional[int] = KV_BITS,
-    kv_group_size: int = KV_GROUP,
-    quantized_kv_start: int = KV_START,
-    draft_window: Optional[int] = typer.Option(
-        DEFAULTS.draft_window, "--draft-window", help="Latest context tokens the drafter reads (0: all)."
-    ),
-    draft_sink: int = typer.Option(DEFAULTS.draft_sink, "--draft-sink", help="First context tokens it keeps too."),
     prompt_cache_file: Optional[Path] = typer.Option(
         None, "--prompt-cache-file", help="A prefix saved by cache-prompt: --prompt is appended to it, raw."
     ),
+    options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Generate text with DFlash speculative decoding and print the stats (rank 0 only under mlx.launch)."""
     from dflash_mlx import load, load_draft, stream_generate
@@ -139,21 +82,7 @@ def generate(
 
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
-    kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start)
-    kv.update(draft_window=draft_window, draft_sink=draft_sink)
     cache = None
-    options = DecodeOptions(
-        temp,
-        top_p,
-        top_k,
-        seed,
-        block_size,
-        kernels=_kernels(no_kernels),
-        profile=True,
-        tree_budget=tree_budget,
-        lookup=lookup,
-        **kv,
-    )
     target, tokenizer = load(model, sharding=choose_sharding(sharding))
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if prompt_cache_file is not None:  # the prefix's tokens, then the prompt's, raw
@@ -202,143 +131,6 @@ def cache_prompt(
     cache.reuse(tokens + tokens[-1:], with_drafter=drafter is not None)  # the prefix alone
     save_file(str(output), cache, *cache_ids(model, draft, no_draft))
     print(f"saved {len(cache.tokens)} tokens to {output}")
-
-
-@app.command()
-@one_line_errors
-def bench(
-    model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
-    draft: Optional[str] = typer.Option(
-        None,
-        "--draft",
-        help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead).",
-    ),
-    prompts: Optional[List[str]] = typer.Option(
-        None,
-        "--prompts",
-        help="A prompt file (one prompt a line, or JSONL), or a shipped held-out set: heldout (all 40), chat, "
-        "code, math, stdlib. Repeatable; a table per kind where the prompts have several "
-        "(default: six built-in prompts). With --context: the questions asked after the documentation.",
-    ),
-    max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
-    block_size: Optional[int] = typer.Option(
-        None, "--block-size", help="Ours verifies this many tokens (default: adaptive)."
-    ),
-    fixed: str = typer.Option("4,8,16", "--fixed", help="Also run ours with these fixed block sizes ('' for none)."),
-    tree_budget: str = typer.Option(
-        "",
-        "--tree-budget",
-        help="Also run ours with these fixed tree budgets at the block size (0: the chain), e.g. 0,4,8,16,32.",
-    ),
-    lookup: int = typer.Option(DEFAULTS.lookup, "--lookup", help=LOOKUP_HELP),
-    lookup_rows: str = typer.Option(
-        "", "--lookup-rows", help="Also run ours with these prompt-lookup lengths (0: off), e.g. 0."
-    ),
-    verify_cost: bool = typer.Option(
-        False, "--verify-cost", help="Time a verify of n = 1..64 rows against a plain step instead (T(n)/T(1))."
-    ),
-    context: str = typer.Option(
-        "",
-        "--context",
-        help="Instead: decode speed and tau after this many tokens of documentation, e.g. 512,1024,2048,4096,7000.",
-    ),
-    draft_vocab: Optional[str] = typer.Option(
-        None,
-        "--draft-vocab",
-        help="Draft vocabulary file, or 'none' (default: the drafter's own, if any). Several, comma-separated: "
-        "ours also runs with each further one.",
-    ),
-    reference: bool = typer.Option(True, "--reference/--no-reference", help="Also run z-lab's MLX loop if installed."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="With --context: also draw it into this PNG."),
-    kernels: Optional[bool] = typer.Option(
-        None,
-        "--kernels/--no-kernels",
-        help="The first times the verify kernel against mx.quantized_matmul (M = 1..16) instead; the "
-        "second runs ours without the custom kernels (default: used on Apple GPUs).",
-    ),
-    sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP + " No z-lab loop then."),
-    kv_bits: Optional[int] = KV_BITS,
-    kv_group_size: int = KV_GROUP,
-    quantized_kv_start: int = KV_START,
-) -> None:
-    """Plain mlx-lm vs DFlash (vs z-lab's loop) on the same prompts, side by side."""
-    from rich.console import Console
-
-    from dflash_mlx.distributed import choose_sharding, is_leader
-
-    from app.cli.bench.speed import markdown_table, read_prompts, run_bench, write_json
-
-    console = Console(stderr=True)
-    if verify_cost:
-        from app.cli.bench.verify import run_verify_cost, verify_cost_table
-
-        with console.status("timing verifies") as status:
-            report = run_verify_cost(model, progress=lambda msg: status.update(msg))
-        print(verify_cost_table(report))
-        if json_out:
-            write_json(report, json_out)
-        return
-    if context:
-        from app.cli.bench.context import QUESTIONS, context_header, context_line, plot_context, run_context_bench
-
-        lengths = [int(n) for n in context.split(",") if n.strip()]
-        questions = read_prompts(prompts)[0] if prompts else QUESTIONS
-        print("\n".join(context_header(max_tokens)), flush=True)
-        with console.status("benchmarking long contexts") as status:
-            report = run_context_bench(
-                model,
-                draft,
-                lengths,
-                questions,
-                max_tokens=max_tokens,
-                progress=status.update,
-                on_row=lambda row: print(context_line(row), flush=True),
-            )
-        if json_out:
-            write_json(report, json_out)
-        if plot:
-            plot_context(report["results"], plot)
-        return
-    if kernels:
-        from app.cli.bench.kernels import kernel_table, run_kernel_bench
-
-        with console.status("timing the verify kernel") as status:
-            report = run_kernel_bench(model, progress=lambda msg: status.update(msg))
-        print(kernel_table(report))
-        if json_out:
-            write_json(report, json_out)
-        return
-    options = DecodeOptions(
-        block_size=block_size,
-        kernels=kernels,
-        lookup=lookup,
-        kv_bits=kv_bits,
-        kv_group_size=kv_group_size,
-        quantized_kv_start=quantized_kv_start,
-    )
-    texts, kinds = read_prompts(prompts) if prompts else (None, None)
-    with console.status("benchmarking") as status:
-        report = run_bench(
-            model,
-            draft,
-            texts,
-            max_tokens,
-            options,
-            reference,
-            progress=lambda msg: status.update(msg),
-            fixed_sizes=[int(b) for b in fixed.split(",") if b.strip()],
-            draft_vocab=draft_vocab,
-            fixed_trees=[int(n) for n in tree_budget.split(",") if n.strip()],
-            kinds=kinds,
-            fixed_lookups=[int(n) for n in lookup_rows.split(",") if n.strip()],
-            sharding=choose_sharding(sharding),
-        )
-    if not is_leader():  # every rank ran the same bench; rank 0 reports it
-        return
-    print(markdown_table(report))
-    if json_out:
-        write_json(report, json_out)
 
 
 @app.command("convert")
@@ -401,6 +193,7 @@ def export_command(
 
 @app.command()
 @one_line_errors
+@decode_flags(*DRAFTING, *KV_CACHE)
 def serve(
     model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
@@ -410,19 +203,9 @@ def serve(
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port"),
-    block_size: Optional[int] = typer.Option(
-        DEFAULTS.block_size, "--block-size", help="Fixed block size (default: adaptive)."
-    ),
-    tree_budget: Optional[int] = typer.Option(DEFAULTS.tree_budget, "--tree-budget", help=TREE_HELP),
-    lookup: int = typer.Option(DEFAULTS.lookup, "--lookup", help=LOOKUP_HELP),
     max_tokens: int = typer.Option(512, "--max-tokens", help="For requests that do not set max_tokens."),
-    no_kernels: bool = typer.Option(
-        False, "--no-kernels", help="Do not use the custom Metal kernels (default: used on Apple GPUs)."
-    ),
     sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP + " Rank 0 alone listens."),
-    kv_bits: Optional[int] = KV_BITS,
-    kv_group_size: int = KV_GROUP,
-    quantized_kv_start: int = KV_START,
+    options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
     from dflash_mlx.distributed import choose_sharding, world_size
@@ -431,15 +214,6 @@ def serve(
     from app.server.worker import Worker
     from app.server.routes import run_server
 
-    options = DecodeOptions(
-        block_size=block_size,
-        kernels=_kernels(no_kernels),
-        tree_budget=tree_budget,
-        lookup=lookup,
-        kv_bits=kv_bits,
-        kv_group_size=kv_group_size,
-        quantized_kv_start=quantized_kv_start,
-    )
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     sharding = choose_sharding(sharding)
@@ -466,15 +240,6 @@ def serve(
     sys.stderr.flush()
     os._exit(0)
 
-
-from app.cli.train import (  # noqa: E402
-    curves_command,
-    data_command,
-    draft_vocab_command,
-    eval_command,
-    instructions_command,
-    train_command,
-)
 
 app.command("instructions")(one_line_errors(instructions_command))
 app.command("data")(one_line_errors(data_command))

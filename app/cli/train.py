@@ -10,6 +10,8 @@ from typing import Any, List, Optional, Sequence
 
 import typer
 
+from app.flags import decode_flags, typer_parameter
+from dflash_mlx import DecodeOptions
 from dflash_mlx.config import parse_layer_ids
 
 THREADS_HELP = "OpenBLAS threads: a number, or 'auto' (2 while /tmp/dflash-cpu.lock is free, 1 while it is held)."
@@ -58,14 +60,7 @@ def instructions_command(
 def options_signature(rows: Sequence[tuple[str, Any, Any, list[str], str]]) -> inspect.Signature:
     """A command's typer options from a table of (name, type, default, flags, help) rows:
     a command with dozens of options stays a short function over its values."""
-    return inspect.Signature(
-        [
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, *flags, help=text), annotation=kind
-            )
-            for name, kind, default, flags, text in rows
-        ]
-    )
+    return inspect.Signature([typer_parameter(*row) for row in rows])
 
 
 def data_command(
@@ -272,6 +267,7 @@ def train_command(**values) -> None:
 train_command.__signature__ = options_signature(TRAIN_OPTIONS)  # what typer reads the options from
 
 
+@decode_flags("block_size")
 def eval_command(
     prompts: List[str] = typer.Option(
         ["heldout"],
@@ -287,9 +283,6 @@ def eval_command(
     model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
     temp: List[float] = typer.Option([0.0, 1.0], "--temp", help="Temperatures (repeatable)."),
-    block_size: Optional[int] = typer.Option(
-        None, "--block-size", help="Verify this many tokens (default: the drafter's B)."
-    ),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
     seed: int = typer.Option(0, "--seed"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
@@ -302,6 +295,7 @@ def eval_command(
     answers: Optional[Path] = typer.Option(
         None, "--answers", help="With --replay: keep the target's answers in this JSON file (made once, then read)."
     ),
+    options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Mean acceptance length tau per prompt set, and the histogram of accepted lengths."""
     from dflash_mlx.loading import load, load_draft
@@ -312,22 +306,28 @@ def eval_command(
     target, tokenizer = load(model)
     drafter = load_draft(draft, model=target, draft_vocab=draft_vocab)
     if replay:
-        results = {"0": _replayed(target, tokenizer, drafter, items, max_tokens, block_size, answers)}
+        results = {"0": _replayed(target, tokenizer, drafter, items, max_tokens, options, answers)}
     else:
         results = evaluate(
-            target, tokenizer, drafter, items, max_tokens=max_tokens, temps=temp, block_size=block_size, seed=seed
+            target,
+            tokenizer,
+            drafter,
+            items,
+            max_tokens=max_tokens,
+            temps=temp,
+            block_size=options.block_size,
+            seed=seed,
         )
     typer.echo(format_results(results))
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
-def _replayed(target, tokenizer, drafter, items, max_tokens: int, block_size: Optional[int], answers) -> dict:
+def _replayed(target, tokenizer, drafter, items, max_tokens: int, options: DecodeOptions, answers) -> dict:
     """`dflash eval --replay`'s greedy results per kind (`train.replay`)."""
-    from dflash_mlx.options import DecodeOptions
     from dflash_mlx.train.replay import references, replay_tau
 
-    B = DecodeOptions(block_size=block_size).fixed(drafter).block_size
+    B = options.fixed(drafter).block_size
     layers = drafter.config.target_layer_ids
     refs = references(target, tokenizer, items, layers, max_tokens=max_tokens, block_size=B, answers=answers)
     return replay_tau(drafter, target, refs, max_tokens=max_tokens, block_size=B)

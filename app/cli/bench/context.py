@@ -1,4 +1,4 @@
-"""`dflash bench --context`: decode speed and tau against the length of the context.
+"""`dflash bench context`: decode speed and tau against the length of the context.
 
 Drafters are trained on short contexts and their own context cache grows with the
 conversation, so what a long chat or an agent sees is not what short prompts measure. Each

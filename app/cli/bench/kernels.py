@@ -1,4 +1,4 @@
-"""`dflash bench --kernels`: the verify kernel against `mx.quantized_matmul`, M = 1..16 rows.
+"""`dflash bench kernels`: the verify kernel against `mx.quantized_matmul`, M = 1..16 rows.
 
 So that a Mac user can check the kernel's gain on their own target with one command: for
 each M, one decoder layer's projections (`mx.quantized_matmul` vs `verify_qmm`) and a

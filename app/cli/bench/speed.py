@@ -15,7 +15,6 @@ of a prompt file's records) get a table per kind too.
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 import time
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from dflash_mlx.messages import apply_chat_template, read_prompt_sources, user_messages
+from dflash_mlx.messages import apply_chat_template, user_messages
 from dflash_mlx.options import DecodeOptions
 from dflash_mlx.stats import histogram, tau
 
@@ -388,14 +387,3 @@ def _kind_table(report: dict) -> list[str]:
         base = f"| {kind} | {entry['prompts']} | {rows[0]['tokens_per_second']:.1f} | "
         lines.append(base + " | ".join(cells) + " |")
     return lines
-
-
-def read_prompts(sources: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The user prompts of prompt files or shipped held-out sets
-    (`dflash_mlx.messages.read_prompt_sources`) and the kind of each."""
-    records = read_prompt_sources(sources)
-    return [r["messages"][-1]["content"] for r in records], [r["set"] for r in records]
-
-
-def write_json(report: dict, path: Path) -> None:
-    path.write_text(json.dumps(report, indent=2) + "\n")

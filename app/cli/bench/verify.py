@@ -1,4 +1,4 @@
-"""`dflash bench --verify-cost`: what a verify of n rows costs next to a plain step, T(n)/T(1).
+"""`dflash bench verify-cost`: what a verify of n rows costs next to a plain step, T(n)/T(1).
 
 A tree of n - 1 nodes (or a chain of n) costs one target forward over n rows; whether
 trees pay depends on how that cost grows with n on this machine (on a CPU, OpenBLAS
