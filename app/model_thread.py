@@ -21,8 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import dflash_mlx
 import mlx.core as mx
-from dflash_mlx.errors import one_line
-from dflash_mlx.options import DecodeOptions
+from dflash_mlx import DecodeOptions, one_line
 
 __all__ = ["Cancelled", "Failed", "ModelThread", "describe_error"]
 

@@ -13,8 +13,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from dflash_mlx.messages import apply_chat_template
-from dflash_mlx.options import DecodeOptions
+from dflash_mlx import DecodeOptions, apply_chat_template
 
 from app.model_thread import Failed, ModelThread, describe_error
 

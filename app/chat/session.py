@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash_mlx.stats import tau
+from dflash_mlx import tau
 
 from .engine import Snapshot
 from .widgets import summary_line

@@ -7,8 +7,7 @@ from typing import Callable
 
 import typer
 
-from dflash_mlx import OptionError
-from dflash_mlx.errors import EXPECTED_ERRORS, one_line
+from dflash_mlx import EXPECTED_ERRORS, OptionError, one_line
 
 from app.flags import flag_name
 

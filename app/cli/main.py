@@ -28,8 +28,7 @@ from app.cli.train import (
 from app.flags import DRAFTING, KV_CACHE, SAMPLING, WINDOW, decode_flags
 from converters.convert import ConvertOptions, convert_drafter, convert_target_model, export_drafter
 from converters.options import Q_BITS, Q_GROUP_SIZES
-from dflash_mlx import DecodeOptions
-from dflash_mlx.config import parse_layer_ids
+from dflash_mlx import DecodeOptions, parse_layer_ids
 
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
 
@@ -75,10 +74,8 @@ def generate(
     options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Generate text with DFlash speculative decoding and print the stats (rank 0 only under mlx.launch)."""
-    from dflash_mlx import load, load_draft, stream_generate
+    from dflash_mlx import apply_chat_template, format_stats, load, load_draft, stream_generate, user_messages
     from dflash_mlx.distributed import choose_sharding, is_leader, lockstep
-    from dflash_mlx.messages import apply_chat_template, user_messages
-    from dflash_mlx.speculative import format_stats
 
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
@@ -117,9 +114,8 @@ def cache_prompt(
 ) -> None:
     """Prefill a long prefix (system prompt, document, tools) once and save the target's
     and drafter's caches, as mlx_lm.cache_prompt does: `generate --prompt-cache-file`."""
-    from dflash_mlx import load, load_draft
-    from dflash_mlx.cache import PromptCache, cache_ids, save_file
-    from dflash_mlx.speculative import generate_step
+    from dflash_mlx import PromptCache, generate_step, load, load_draft
+    from dflash_mlx.cache import cache_ids, save_file
 
     text = sys.stdin.read() if prompt == "-" else prompt
     target, tokenizer = load(model)

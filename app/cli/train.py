@@ -11,8 +11,7 @@ from typing import Any, List, Optional, Sequence
 import typer
 
 from app.flags import decode_flags, typer_parameter
-from dflash_mlx import DecodeOptions
-from dflash_mlx.config import parse_layer_ids
+from dflash_mlx import DecodeOptions, parse_layer_ids
 
 THREADS_HELP = "OpenBLAS threads: a number, or 'auto' (2 while /tmp/dflash-cpu.lock is free, 1 while it is held)."
 
@@ -298,8 +297,7 @@ def eval_command(
     options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Mean acceptance length tau per prompt set, and the histogram of accepted lengths."""
-    from dflash_mlx.loading import load, load_draft
-    from dflash_mlx.messages import read_prompt_sources
+    from dflash_mlx import load, load_draft, read_prompt_sources
     from dflash_mlx.train.evaluate import evaluate, format_results
 
     items = read_prompt_sources(prompts)[:limit]
@@ -372,8 +370,7 @@ def draft_vocab_command(
     from collections import Counter
 
     from dflash_mlx.draft_vocab import build_draft_vocab, save_draft_vocab
-    from dflash_mlx.loading import load
-    from dflash_mlx.messages import apply_chat_template
+    from dflash_mlx import apply_chat_template, load
     from dflash_mlx.targets import make_target
     from dflash_mlx.train.data import answer_spans, iter_records
 

@@ -22,8 +22,7 @@ from typing import Any, Optional, Sequence
 from jinja2 import TemplateError
 
 from app.server.output import OutputSplitter, Piece, ToolFormat, think_markers, tool_format, tool_prompt
-from dflash_mlx.messages import apply_chat_template
-from dflash_mlx.options import DecodeOptions, OptionError
+from dflash_mlx import DecodeOptions, OptionError, apply_chat_template
 
 __all__ = [
     "APIError",

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 from app.server.openai_api import CompletionRequest
 from app.server.worker import Failed, Job, Worker
 from dflash_mlx.distributed import here, is_leader
-from dflash_mlx.options import DecodeOptions
+from dflash_mlx import DecodeOptions
 
 import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
 import numpy as np

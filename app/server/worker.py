@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from app.server.openai_api import CompletionRequest, ModelInfo, TokenLogprob
 from app.model_thread import Failed, ModelThread, describe_error
-from dflash_mlx.cycles import PREFILL_STEP
-from dflash_mlx.options import DecodeOptions
+from dflash_mlx import PREFILL_STEP, DecodeOptions
 
 import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
 

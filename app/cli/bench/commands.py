@@ -20,8 +20,7 @@ import typer
 
 from app.cli.common import SHARDING_HELP, one_line_errors
 from app.flags import KV_CACHE, decode_flags
-from dflash_mlx import DecodeOptions
-from dflash_mlx.messages import read_prompt_sources
+from dflash_mlx import DecodeOptions, read_prompt_sources
 
 from .context import DEFAULT_CONTEXTS
 

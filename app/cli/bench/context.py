@@ -14,8 +14,7 @@ import pydoc
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from dflash_mlx.messages import apply_chat_template, user_messages
-from dflash_mlx.stats import tau
+from dflash_mlx import apply_chat_template, tau, user_messages
 
 from .speed import _clock, draft_milliseconds
 
@@ -75,8 +74,7 @@ def run_context_bench(
     it is done: long contexts take long on a CPU). Returns a JSON-able report."""
     import mlx_lm
 
-    from dflash_mlx import load, load_draft, make_policy, stream_generate
-    from dflash_mlx.defaults import default_model_path
+    from dflash_mlx import default_model_path, load, load_draft, make_policy, stream_generate
 
     model_dir = model_path or str(default_model_path())
     model, tokenizer = load(model_dir)

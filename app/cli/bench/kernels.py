@@ -99,7 +99,7 @@ def run_kernel_bench(
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-    from dflash_mlx.defaults import default_model_path
+    from dflash_mlx import default_model_path
     from dflash_mlx.kernels import decoder, metal_ready, verify_qmm
     from dflash_mlx.targets import make_target
 

@@ -22,9 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from dflash_mlx.messages import apply_chat_template, user_messages
-from dflash_mlx.options import DecodeOptions
-from dflash_mlx.stats import histogram, tau
+from dflash_mlx import DecodeOptions, apply_chat_template, histogram, tau, user_messages
 
 DEFAULT_PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -141,8 +139,7 @@ def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
     too: it accepts nothing, so its speed is the loop's pure overhead."""
     import mlx.core as mx
 
-    from dflash_mlx.drafter import Drafter
-    from dflash_mlx.drafters import save_drafter
+    from dflash_mlx import Drafter, save_drafter
     from dflash_mlx.targets import make_target
     from dflash_mlx.train import default_mask_token_id, make_config
 
@@ -241,9 +238,7 @@ def run_bench(
     0: the chain), and once more with each prompt-lookup length of `fixed_lookups` (0: off).
     `sharding`: the target sharded under mlx.launch (`load`'s), without
     z-lab's loop, which runs in one process."""
-    from dflash_mlx import load, load_draft
-    from dflash_mlx.defaults import default_model_path
-    from dflash_mlx.loading import DEFAULT_DRAFT_DIR
+    from dflash_mlx import default_model_path, load, load_draft, shipped_drafter_dir
 
     prompts = prompts or DEFAULT_PROMPTS
     model_dir = model_path or str(default_model_path())
@@ -253,7 +248,7 @@ def run_bench(
         if draft_path == "random":  # an untrained drafter, written for this run only
             tmp = scratch.enter_context(tempfile.TemporaryDirectory(prefix="dflash-random-drafter-"))
             draft_path = str(_random_drafter(model, tokenizer, Path(tmp) / "drafter"))
-        draft_dir = Path(draft_path) if draft_path else DEFAULT_DRAFT_DIR
+        draft_dir = Path(draft_path) if draft_path else shipped_drafter_dir()
         vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
         drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
         drafter = drafters[0]

@@ -38,8 +38,7 @@ def run_verify_cost(
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from dflash_mlx import load
-    from dflash_mlx.defaults import default_model_path
+    from dflash_mlx import default_model_path, load
     from dflash_mlx.targets import make_target
     from dflash_mlx.tree import Tree
 
