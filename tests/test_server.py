@@ -358,7 +358,8 @@ def test_dflash_serve_process_end_to_end(default_model_dir):
 
 
 def test_penalties_off_are_accepted(default_model):
-    from app.server.openai_api import ModelInfo, parse_request
+    from app.server.openai_api import parse_request
+    from app.server.request import ModelInfo
 
     info = ModelInfo("m", default_model[1], 2048, 8)
     off = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1}

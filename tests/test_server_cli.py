@@ -9,7 +9,7 @@ import socket
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 from typer.testing import CliRunner
 
-from app.server.openai_api import APIError
+from app.server.request import APIError
 from app.server.worker import CachePool, Worker
 from app.server.routes import host_warning
 

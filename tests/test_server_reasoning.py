@@ -18,7 +18,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper, load as load_tokenizer
 from test_server_tools import events, scripted
 
 from app.server import anthropic_api
-from app.server.openai_api import APIError, ModelInfo, completion_body, parse_request
+from app.server.openai_api import completion_body, parse_request
+from app.server.request import APIError, ModelInfo
 from app.server.worker import Done
 from app.server.routes import _anthropic_stream, _stream
 

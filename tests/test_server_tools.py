@@ -20,7 +20,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper, load as load_tokenizer
 from mlx_lm.tool_parsers import qwen3_coder
 
 from app.server import anthropic_api
-from app.server.openai_api import APIError, ModelInfo, chat_prompt, completion_body, parse_request
+from app.server.openai_api import completion_body, parse_request
+from app.server.prompts import chat_prompt
+from app.server.request import APIError, ModelInfo
 from app.server.output import OutputSplitter, tool_format, tool_prompt
 from app.server.worker import Delta, Done, Job
 from app.server.routes import _anthropic_stream, _stream

@@ -1,8 +1,9 @@
 """dflash-chat: a terminal chat that shows DFlash speculative decoding at work.
 
-Its command line is `main.py`. All model work happens on the engine's worker thread (`engine.py`); the widgets are in
-`widgets.py`, the conversation's data in `session.py` and the look in `chat.tcss`. This
-module is the app itself: it routes input, slash commands and engine events.
+Its command line is `main.py`. All model work happens on the engine's worker thread
+(`engine.py`); the widgets are in `widgets.py`, the conversation's data in `session.py`
+and the look in `chat.tcss`. This module is the app itself: it routes input, slash
+commands and engine events.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The chat's engine: one long-lived thread that owns the model and does all MLX work.
 
 The thread itself (queue, cancellation, cache drop on failure, one-line errors) is
-`worker.ModelThread`, which the server's worker shares. The UI talks to the engine
+`app.model_thread.ModelThread`, which the server's worker shares. The UI talks to the engine
 through commands (`load`, `generate`, `clear`, `stop`) and hears back through a callback
 that receives the event objects defined below. The callback runs on the worker thread:
 it must hand the event over to the UI thread (Textual's `post_message` does that).

@@ -1,7 +1,7 @@
 """The chat's widgets and the text they show: a reply that streams Markdown (tinted, its
 text coloured by where each token came from), the live stats panel and the one-line summaries.
 
-Nothing here talks to the engine; `chat.py` feeds these widgets the engine's snapshots.
+Nothing here talks to the engine; `app.py` feeds these widgets the engine's snapshots.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `dflash instructions`, `dflash data`, `dflash train` and `dflash eval` commands (registered in cli.py).
+"""The `dflash instructions`, `dflash data`, `dflash train` and `dflash eval` commands (registered in main.py).
 Heavy imports happen inside the commands so that `dflash --help` stays fast."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`dflash serve`: an OpenAI- and Anthropic-compatible HTTP server. `routes.py` is the HTTP side,
-`openai_api.py` and `anthropic_api.py` the wire formats, `output.py` a reply split into text,
-reasoning and tool calls, `worker.py` the thread that owns the model, `ranks.py` its followers
-under `mlx.launch`, and `bench.py` tokens/s measured through running servers."""
+"""`dflash serve`: an OpenAI- and Anthropic-compatible HTTP server. `routes.py` is the HTTP side;
+`request.py` a checked request (`CompletionRequest`) and the field checks both wire formats
+share, `prompts.py` its prompt, `openai_api.py` and `anthropic_api.py` the wire formats;
+`output.py` a reply split into text, reasoning and tool calls; `worker.py` the thread that owns
+the model, `ranks.py` its followers under `mlx.launch`; `bench.py` tokens/s through running servers."""

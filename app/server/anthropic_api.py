@@ -1,7 +1,7 @@
 """Anthropic's Messages wire format of `dflash serve` (`/v1/messages`, `/v1/messages/count_tokens`).
 
 A Messages request is checked into the same `CompletionRequest` as an OpenAI chat
-request, with the same field checks (`api`: sampling through `DecodeOptions`, stop
+request, with the same field checks (`request` and `prompts`: sampling through `DecodeOptions`, stop
 strings, the token budget, the chat template), so it runs on the same worker with DFlash
 under it; only the names differ (`stop_sequences`, `system`, a required `max_tokens`) and
 the answer's shape. Any `model` name is accepted (clients such as Claude Code send their
@@ -20,20 +20,16 @@ import uuid
 from typing import Any, Optional
 
 from app.server.output import Piece
-from app.server.openai_api import (
+from app.server.prompts import chat_prompt, check_tools, reply_format, template_kwargs, text_content
+from app.server.request import (
     APIError,
     CompletionRequest,
     ModelInfo,
-    chat_prompt,
     check_body,
-    check_tools,
     decode_options,
     flag,
-    reply_format,
     split_reply,
     stop_strings,
-    template_kwargs,
-    text_content,
     token_budget,
 )
 

@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict
 from typing import Any, Callable, Optional
 
-from app.server.openai_api import CompletionRequest
+from app.server.request import CompletionRequest
 from app.server.worker import Failed, Job, Worker
 from dflash_mlx.distributed import here, is_leader
 from dflash_mlx import DecodeOptions

@@ -1,12 +1,12 @@
 """`dflash serve`: an OpenAI- and Anthropic-compatible HTTP server with DFlash under it.
 
-Starlette on uvicorn does the HTTP; `serve_worker.Worker` does every MLX evaluation on
-one thread, one request at a time in arrival order; `api` (OpenAI's chat and text
+Starlette on uvicorn does the HTTP; `worker.Worker` does every MLX evaluation on
+one thread, one request at a time in arrival order; `openai_api` (OpenAI's chat and text
 completions) and `anthropic_api` (Anthropic's Messages) check requests into one
 `CompletionRequest` and shape the answers; the path from a checked request to its
 answer (`complete`) is the same for both. A chat reply that may hold reasoning or tool
-calls is split as it streams (`serve_output.OutputSplitter`) into each API's deltas or
-blocks. `/metrics` reads the worker's running totals (`serve_worker.Metrics`). Every request, greedy or sampled, goes
+calls is split as it streams (`output.OutputSplitter`) into each API's deltas or
+blocks. `/metrics` reads the worker's running totals (`worker.Metrics`). Every request, greedy or sampled, goes
 through `dflash_mlx.stream_generate` with the drafter, so what comes back is exactly the
 target's own distribution (greedy: its own tokens) -- the server never falls back to
 target-only decoding for sampling.
@@ -35,9 +35,6 @@ from starlette.routing import Route
 
 from app.server import anthropic_api
 from app.server.openai_api import (
-    APIError,
-    CompletionRequest,
-    ModelInfo,
     chunk,
     completion_body,
     dflash_stats,
@@ -47,6 +44,7 @@ from app.server.openai_api import (
     piece_chunks,
     usage,
 )
+from app.server.request import APIError, CompletionRequest, ModelInfo
 from app.server.output import Piece
 from app.server.worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
 

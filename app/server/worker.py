@@ -1,6 +1,6 @@
 """The server's worker: one long-lived thread that owns the model and runs every request.
 
-The thread (a `worker.ModelThread`, as the chat's engine is) owns the target, the
+The thread (an `app.model_thread.ModelThread`, as the chat's engine is) owns the target, the
 drafter and the prompt caches. Requests queue in arrival order and run one at
 a time, each to the end (or until its client goes away: the worker checks after every
 token, so a cancelled request stops within the cycle it is in). The asyncio side hears
@@ -16,7 +16,7 @@ that prefix only. Any other request takes a fresh cache while there is room, els
 one that shares the longest prefix with it. `usage.prompt_tokens_details.cached_tokens`
 says how many prompt tokens were not prefilled.
 
-A prompt is prefilled in chunks (`cycles.PREFILL_STEP` tokens); one longer than a chunk
+A prompt is prefilled in chunks (`dflash_mlx.PREFILL_STEP` tokens); one longer than a chunk
 logs its progress, and a streamed chat answer's first event (the role) goes out before
 the prefill.
 """
@@ -31,16 +31,15 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from app.server.openai_api import CompletionRequest, ModelInfo, TokenLogprob
+from app.server.openai_api import TokenLogprob
+
+from app.server.request import CompletionRequest, ModelInfo
 from app.model_thread import Failed, ModelThread, describe_error
 from dflash_mlx import PREFILL_STEP, DecodeOptions
 
 import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
-
-if TYPE_CHECKING:
-    from app.server.ranks import Ranks
 
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker"]
 
@@ -188,8 +187,9 @@ class Worker(ModelThread):
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
         log: where prefill progress lines go (default: stderr).
         sharding: load the target sharded over the ranks of `mlx.launch` (`dflash_mlx.load`).
-        ranks: under `mlx.launch`, the other ranks (`serve_ranks.Ranks`): rank 0's worker
-            sends them each request; a follower's runs what they receive.
+        ranks: under `mlx.launch`, the other ranks (a `ranks.Ranks`, which imports this
+            module, hence `Any` here): rank 0's worker sends them each request; a
+            follower's runs what they receive.
     """
 
     def __init__(
@@ -205,7 +205,7 @@ class Worker(ModelThread):
         draft_vocab: Optional[str] = None,
         log: Optional[Callable[[str], None]] = None,
         sharding: Optional[str] = None,
-        ranks: Optional[Ranks] = None,
+        ranks: Any = None,
     ):
         super().__init__("dflash-serve", max_queue=max_queue)
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
