@@ -63,6 +63,7 @@ def test_bench_cli_hybrid(default_model_dir, tmp_path):
         app,
         [
             "bench",
+            "speed",
             "--model",
             str(path),
             "--draft",
