@@ -7,7 +7,7 @@ loop picks change what is committed.
   the target alone (`draft_model=None`) give token-identical output for one seed, and
   another seed gives other text.
 * The CLI: `dflash generate --temp 0.8 --seed 1` prints the same text with and without
-  `--no-draft` (and the stats go to stderr, so stdout can be diffed).
+  `--no-draft` and with `--profile` (and the stats go to stderr, so stdout can be diffed).
 """
 
 from __future__ import annotations
@@ -62,3 +62,7 @@ def test_cli_seeded_text_equals_no_draft(default_model_dir):
     alone = CliRunner().invoke(app, base + ["--no-draft"])
     assert drafted.exit_code == 0 and alone.exit_code == 0, (drafted.output, alone.output)
     assert drafted.stdout.strip() and drafted.stdout == alone.stdout
+    # generate does not profile unless asked (a host sync per cycle); profiled, the text is the same
+    profiled = CliRunner().invoke(app, base + ["--profile"])
+    assert profiled.exit_code == 0 and profiled.stdout == drafted.stdout, profiled.output
+    assert "Time: draft" in profiled.stderr and "Time: draft" not in drafted.stderr
