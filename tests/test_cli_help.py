@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from app.cli.main import app
 
 GROUP = typer.main.get_command(app)
-COMMANDS = ["", *GROUP.commands]  # "": `dflash --help` itself
+SUBCOMMANDS = [f"{name} {sub}" for name, command in GROUP.commands.items() for sub in getattr(command, "commands", {})]
+COMMANDS = ["", *GROUP.commands, *SUBCOMMANDS]  # "": `dflash --help` itself; "bench speed", ...
 
 
 def help_text(command: str) -> str:
