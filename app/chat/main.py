@@ -28,14 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dflash-chat",
         description="Chat with a local model, several times faster with DFlash speculative decoding.",
     )
-    p.add_argument("--model", default=None, help="target model path or HF repo (default: built-in)")
-    p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the target's)")
-    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
-    p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--draft-vocab", default=None, help="draft vocabulary file, or 'none' (default: the drafter's own)")
-    p.add_argument("--no-draft", action="store_true", help="start in baseline mode (target only; /baseline toggles)")
+    p.add_argument("--model", default=None, help="Target model path or HF repo (default: built-in).")
+    p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the target's).")
+    p.add_argument("--max-tokens", type=int, default=512, help="Most tokens per reply.")
+    p.add_argument("--system", default=None, help="System prompt.")
+    p.add_argument("--draft-vocab", default=None, help="Draft vocabulary file, or 'none' (default: the drafter's own).")
+    p.add_argument("--no-draft", action="store_true", help="Start in baseline mode (target only; /baseline toggles).")
     p.add_argument(
-        "--prompt-cache-file", default=None, help="a prefix saved by dflash cache-prompt: the conversation follows it"
+        "--prompt-cache-file", default=None, help="A prefix saved by dflash cache-prompt: the conversation follows it."
     )
     add_arguments(p, FIELDS)
     return p
