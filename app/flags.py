@@ -152,7 +152,7 @@ def from_args(args: argparse.Namespace, names: Sequence[str]) -> DecodeOptions:
 
 
 def usage(name: str) -> str:
-    """What a slash command setting field `name` takes, and what it means."""
+    """What a slash command setting field `name` takes: `X` (a number), `N` (an integer), `N|auto`."""
     value = "N" if _kind(name) is int else "X"
     return f"{value}|auto" if _optional(name) else value
 
