@@ -1,12 +1,14 @@
-"""Every `dflash` / `dflash-chat` command line shown in README.md parses: the command and
-each of its options exist and the values convert, checked by the commands' own parsers
-without running anything. Three cheap ones also run end to end on the default model.
+"""The command lines in README.md, docs/*.md and BENCHMARKS.md are real: every `dflash ...` and
+`dflash-chat ...` line is parsed by the commands' own parsers (typer's click command for
+`dflash`, the chat's argparse parser) without running anything, so a made-up, misspelt or
+abbreviated flag, or a value of the wrong type, fails. The other way round, every `dflash`
+command and flag, every `dflash-chat` flag and every chat slash command is shown somewhere in
+README.md or docs/. Three cheap README lines also run end to end on the default model.
 
-The README writes optional parts as ``[--flag VALUE]``: each line is parsed without them
-and with all of them, placeholders (``N``, ``FILE|none``) replaced by values of their type.
-Paths need not exist to parse. Only parsed, not run: `bench` (minutes), `convert` (a Hub
-download), `serve` (it blocks), and `data`, `instructions`, `train`, `draft-vocab` (a data
-set and hours of CPU).
+The docs write optional parts as ``[--flag VALUE]``: each line is parsed without them and
+with all of them, placeholders (``M``, ``D``) replaced by values. A line ending in ``\\``
+continues on the next. Lines are found in sh / bash blocks (also after ``ENV=1``, ``flock``
+or ``mlx.launch ... .venv/bin/dflash``) and in inline code that starts with the command.
 """
 
 from __future__ import annotations
@@ -19,76 +21,218 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from app.chat.main import app_from_args
-from app.cli.main import app
+# Where the parsers live: the one place to change when the entry points move.
+from app.chat import build_parser as chat_parser  # `dflash-chat`'s argparse parser
+from app.cli import app as dflash_app  # `dflash`'s typer app
+from app.commands import SlashCommands  # the chat's `/name arg` -> `cmd_name(arg)`
 from dflash_mlx.defaults import shipped_drafter_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"^```(?:sh|bash)\n(.*?)^```", re.M | re.S)
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # where everything must be shown
+PARSED = [*DOCS, ROOT / "BENCHMARKS.md"]  # where every command line must parse
+FENCE = re.compile(r"^```(?:sh|bash)\n(.*?)^```", re.M | re.S)
+INLINE = re.compile(r"`((?:dflash|dflash-chat) [^`]*)`")
+RUNS = re.compile(r"(^|[\s/])dflash(-chat)?\s")
 OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
-PLACEHOLDERS = {"N": "8", "FILE|none": "none"}
-GROUP = typer.main.get_command(app)
+PLACEHOLDERS = {"M": "Qwen/Qwen3-4B", "D": "./qwen3-4b-dflash"}
+PROGRAMS = ("dflash", "dflash-chat")
+SHELL = {"|", "||", "&&", ";", "&", "<", ">", ">>", "2>&1"}  # the command ends at these
+EAGER = {"--help", "-h", "--version"}  # print and exit while parsing: only checked to exist
+GROUP = typer.main.get_command(dflash_app)
 
 
-def readme_commands() -> list[str]:
-    """Each line of README's sh / bash blocks that runs `dflash` or `dflash-chat`."""
-    lines = [line.strip() for block in BLOCK.findall((ROOT / "README.md").read_text()) for line in block.splitlines()]
-    return [line for line in lines if line.startswith(("dflash ", "dflash-chat "))]
+def command_lines(path: Path, inline: bool = True) -> list[tuple[str, str]]:
+    """(where, line) for each line of `path`'s sh blocks that runs `dflash` or `dflash-chat`,
+    and with `inline`, each inline code span that starts with one ("inline: ...")."""
+    text = path.read_text()
+    lines = [line for block in FENCE.findall(text) for line in block.replace("\\\n", " ").splitlines()]
+    found = [(f"{path.name}: {line.strip()}", line) for line in lines if RUNS.search(line)]
+    return found + [(f"{path.name}: inline: {span}", span) for span in INLINE.findall(text) if inline]
 
 
-def variants(line: str) -> tuple[list[str], list[str]]:
-    """The line's words without its optional groups, and with all of them (comments dropped)."""
-    bare = shlex.split(OPTIONAL.sub("", line), comments=True)
-    full = shlex.split(OPTIONAL.sub(r"\1", line), comments=True)
-    return bare, [PLACEHOLDERS.get(word, word) for word in full]
+def invocation(line: str) -> list[str]:
+    """The program and its words: from the `dflash` / `dflash-chat` word to the first shell
+    operator or comment; "..." (an elision in prose) dropped."""
+    words = shlex.split(line, comments=True)
+    start = next(i for i, w in enumerate(words) if w.rsplit("/", 1)[-1] in PROGRAMS)
+    out = [words[start].rsplit("/", 1)[-1]]
+    for word in words[start + 1 :]:
+        if word in SHELL:
+            break
+        if word != "...":
+            out.append(PLACEHOLDERS.get(word, word))
+    return out
+
+
+def variants(line: str) -> list[list[str]]:
+    """The invocation without its optional groups, and with all of them."""
+    return [invocation(OPTIONAL.sub("", line)), invocation(OPTIONAL.sub(r"\1", line))]
+
+
+ALL_LINES = [item for path in PARSED for item in command_lines(path)]
+DOC_LINES = [line for path in DOCS for _, line in command_lines(path)]
+
+
+def flags(words: list[str]) -> list[str]:
+    """The option names among `words` (`--name=value` -> `--name`; `-` and negative numbers are values)."""
+    return [w.split("=", 1)[0] for w in words if w.startswith("-") and w != "-" and not re.match(r"-\d", w)]
+
+
+def resolve(words: list[str]) -> tuple[object, list[str], list[str]]:
+    """(the click command, its path, the words left) for the words after `dflash`."""
+    command, path, rest = GROUP, ["dflash"], list(words)
+    while hasattr(command, "commands") and rest and not rest[0].startswith("-"):
+        name = rest.pop(0)
+        assert name in command.commands, f"no command {' '.join(path)} {name!r}"
+        command, path = command.commands[name], [*path, name]
+    return command, path, rest
+
+
+def option_names(command) -> set[str]:
+    """Every spelling of every option of a click command (`--help` included)."""
+    names = {name for p in command.params if p.param_type_name == "option" for name in p.opts + p.secondary_opts}
+    return names | set(command.get_help_option_names(command.make_context("x", [], resilient_parsing=True)))
+
+
+def chat_options() -> set[str]:
+    return {name for action in chat_parser()._actions for name in action.option_strings}
+
+
+def parse(words: list[str], mention: bool = False) -> None:
+    """Parse one invocation with the real parser; fail on anything it would refuse. A
+    `mention` (inline code in prose, often a command without its required options) is only
+    checked for its command and option names."""
+    program, *args = words
+    if program == "dflash-chat":
+        unknown = set(flags(args)) - chat_options()
+        assert not unknown, f"dflash-chat has no option {sorted(unknown)[0]}"
+        if mention:
+            return
+        parser = chat_parser()
+        parser.allow_abbrev = False  # argparse would take `--temp` for `--temperature`; the docs must not
+        try:
+            parser.parse_args(args)
+        except SystemExit as exc:
+            raise AssertionError(f"dflash-chat refuses {args}") from exc
+        return
+    command, path, rest = resolve(args)
+    unknown = set(flags(rest)) - option_names(command)
+    assert not unknown, f"{' '.join(path)} has no option {sorted(unknown)[0]}"
+    if not mention and not EAGER & set(rest):
+        command.make_context(" ".join(path), rest)  # parses and converts the values; runs nothing
+
+
+@pytest.mark.parametrize("where, line", ALL_LINES, ids=[where for where, _ in ALL_LINES])
+def test_command_line_parses(where, line):
+    for words in variants(line):
+        parse(words, mention=": inline: " in where)
+
+
+def test_lines_are_found():
+    files = {where.split(":")[0] for where, _ in ALL_LINES}
+    assert {"README.md", "cli.md", "chat.md", "BENCHMARKS.md"} <= files
+    assert len(ALL_LINES) > 50
+
+
+def leaves(command, path: tuple[str, ...] = ("dflash",)):
+    """(path, command) for every command that runs: the group's leaves, and the group itself."""
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from leaves(sub, (*path, name))
+
+
+def documented() -> dict[tuple[str, ...], set[str]]:
+    """For each `dflash` command path shown in README / docs, the option names shown with it."""
+    shown: dict[tuple[str, ...], set[str]] = {}
+    for line in DOC_LINES:
+        for program, *args in variants(line):
+            if program == "dflash":
+                _, path, rest = resolve(args)
+                shown.setdefault(tuple(path), set()).update(flags(rest))
+    return shown
+
+
+def test_every_command_and_flag_is_documented():
+    shown = documented()
+    missing = []
+    for path, command in leaves(GROUP):
+        if hasattr(command, "commands") and path != ("dflash",):
+            continue  # a group: its subcommands are what is documented
+        if path not in shown and path != ("dflash",):
+            missing.append(" ".join(path))
+            continue
+        for param in command.params:
+            names = set(param.opts + param.secondary_opts) if param.param_type_name == "option" else set()
+            if names and not names & shown.get(path, set()):
+                missing.append(f"{' '.join(path)} {'/'.join(sorted(names))}")
+    assert not missing, f"shown nowhere in README.md or docs/: {missing}"
+
+
+def test_every_chat_flag_is_documented():
+    shown = {flag for line in DOC_LINES for words in variants(line) if words[0] == "dflash-chat" for flag in words}
+    missing = [
+        "/".join(a.option_strings)
+        for a in chat_parser()._actions
+        if a.option_strings and "--help" not in a.option_strings and not set(a.option_strings) & shown
+    ]
+    assert not missing, f"dflash-chat options shown nowhere in README.md or docs/: {missing}"
+
+
+def slash_commands() -> set[str]:
+    return {name.removeprefix("cmd_") for name in dir(SlashCommands) if name.startswith("cmd_")}
+
+
+def test_every_slash_command_is_documented_and_exists():
+    text = "\n".join(path.read_text() for path in DOCS)
+    missing = sorted(name for name in slash_commands() if not re.search(rf"`/{name}\b", text))
+    assert not missing, f"chat commands shown nowhere in README.md or docs/: {missing}"
+    chat = (ROOT / "docs" / "chat.md").read_text()
+    made_up = sorted(set(re.findall(r"`/([a-z]+)\b", chat)) - slash_commands())
+    assert not made_up, f"docs/chat.md shows chat commands that do not exist: {made_up}"
+
+
+def test_a_made_up_or_abbreviated_flag_fails():
+    for words in (
+        ["dflash", "generate", "-p", "x", "--max-token", "8"],  # abbreviated
+        ["dflash", "generate", "-p", "x", "--speed", "2"],  # made up
+        ["dflash", "generate", "-p", "x", "-m", "many"],  # not a number
+        ["dflash-chat", "--tem", "0.7"],  # argparse alone would accept it
+        ["dflash-chat", "--loud"],
+        ["dflash", "nosuchcommand"],
+    ):
+        with pytest.raises(Exception):  # noqa: B017  (AssertionError or the parser's own error)
+            parse(words)
 
 
 def readme_line(prefix: str) -> list[str]:
-    """The words, optional groups left out, of the first README command starting with `prefix`."""
-    line = next(line for line in readme_commands() if line.startswith(prefix + " "))
-    return variants(line)[0]
-
-
-def test_readme_shows_every_command():
-    shown = {variants(line)[0][1] for line in readme_commands() if line.startswith("dflash ")}
-    assert shown == set(GROUP.commands)
-    assert any(line.startswith("dflash-chat ") for line in readme_commands())
-
-
-@pytest.mark.parametrize("line", readme_commands())
-def test_readme_command_parses(line):
-    for program, *args in variants(line):
-        if program == "dflash-chat":
-            app_from_args(args)  # argparse and the option checks; the app is built, not run
-        else:
-            name, *rest = args
-            assert name in GROUP.commands, f"no command {name!r}"
-            command, path = GROUP.commands[name], f"dflash {name}"
-            while rest and rest[0] in getattr(command, "commands", {}):  # a subcommand: `bench speed`
-                command, path, rest = command.commands[rest[0]], f"{path} {rest[0]}", rest[1:]
-            command.make_context(path, rest)  # parses and converts, runs nothing
+    """The words after the program, optional groups left out, of README's first line starting `prefix`."""
+    lines = [line for path in DOCS[:1] for _, line in command_lines(path)]
+    line = next(line for line in lines if line.strip().startswith(prefix + " "))
+    return variants(line)[0][1:]
 
 
 def run(*args: str) -> str:
-    result = CliRunner().invoke(app, list(args))
+    result = CliRunner().invoke(dflash_app, list(args))
     assert result.exit_code == 0, (result.output, result.exception)
     return result.output
 
 
 def test_readme_generate_runs(default_model_dir):
-    assert "Generation: 4 tokens" in run(*readme_line("dflash generate")[1:], "-m", "4")
+    assert "Generation: 4 tokens" in run(*readme_line("dflash generate"), "-m", "4")
 
 
 def test_readme_export_runs(tmp_path):
-    paths = {"./my-drafter": str(shipped_drafter_dir()), "./my-drafter-zlab": str(tmp_path / "zlab")}
-    run(*(paths.get(word, word) for word in readme_line("dflash export")[1:]))
+    words = readme_line("dflash export")
+    paths = {words[1]: str(shipped_drafter_dir()), words[2]: str(tmp_path / "zlab")}
+    run(*(paths.get(word, word) for word in words))
     assert {p.name for p in (tmp_path / "zlab").iterdir()} >= {"config.json", "model.safetensors"}
 
 
-def test_readme_eval_runs(default_model_dir):
-    paths = {
-        "runs/my-drafter": str(shipped_drafter_dir()),
-        "assets/prompts/heldout.jsonl": str(ROOT / "assets/prompts/heldout.jsonl"),
-    }
-    words = [paths.get(word, word) for word in readme_line("dflash eval")[1:]]
-    assert "tau" in run(*words, "--limit", "1", "-m", "4", "--temp", "0")
+EVAL = "dflash eval --draft runs/my-drafter --prompts heldout --temp 0"  # a line of docs/training.md
+
+
+def test_docs_eval_runs(default_model_dir):
+    lines = [line for _, line in command_lines(ROOT / "docs" / "training.md")]
+    line = next(line for line in lines if line.split("#")[0].split() == EVAL.split())
+    words = [str(shipped_drafter_dir()) if w == "runs/my-drafter" else w for w in variants(line)[0][1:]]
+    assert "tau" in run(*words, "--limit", "1", "-m", "4")
