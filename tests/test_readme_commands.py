@@ -204,6 +204,22 @@ def test_a_made_up_or_abbreviated_flag_fails():
             parse(words)
 
 
+PATH = re.compile(r"`((?:app|dflash_mlx|converters|tests|assets|benchmarks)/[\w./-]*)`")
+MODULE = re.compile(r"python -m ((?:app|benchmarks|dflash_mlx|converters)(?:\.[a-z_]+)+)")
+
+
+def test_files_and_modules_the_docs_name_exist():
+    missing = []
+    for path in PARSED:
+        text = path.read_text()
+        missing += [f"{path.name}: {name}" for name in PATH.findall(text) if not (ROOT / name).exists()]
+        for module in MODULE.findall(text):
+            base = ROOT / module.replace(".", "/")
+            if not base.with_suffix(".py").is_file() and not (base / "__main__.py").is_file():
+                missing += [f"{path.name}: python -m {module}"]
+    assert not missing, f"named in the docs but not in the repository: {missing}"
+
+
 def readme_line(prefix: str) -> list[str]:
     """The words after the program, optional groups left out, of README's first line starting `prefix`."""
     lines = [line for path in DOCS[:1] for _, line in command_lines(path)]
