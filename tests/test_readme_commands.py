@@ -13,6 +13,7 @@ or ``mlx.launch ... .venv/bin/dflash``) and in inline code that starts with the 
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
 from pathlib import Path
@@ -179,7 +180,10 @@ def test_every_chat_flag_is_documented():
 
 
 def slash_commands() -> set[str]:
-    return {name.removeprefix("cmd_") for name in dir(SlashCommands) if name.startswith("cmd_")}
+    """The chat's `/name` commands: its `cmd_name` methods, and the commands that set a decoding
+    option where its module lists them in `OPTIONS` (`/temp`, `/block`, ...)."""
+    methods = {name.removeprefix("cmd_") for name in dir(SlashCommands) if name.startswith("cmd_")}
+    return methods | set(getattr(importlib.import_module(SlashCommands.__module__), "OPTIONS", {}))
 
 
 def test_every_slash_command_is_documented_and_exists():
