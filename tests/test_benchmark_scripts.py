@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+SCRIPTS = sorted((ROOT / "benchmarks").rglob("*.py"))
 PROJECT = {"dflash_mlx", "converters", "app", "benchmarks"}
 
 
@@ -30,7 +30,7 @@ def test_there_are_scripts():
     assert {p.name for p in SCRIPTS} >= {"render.py", "chains.py", "lookup_replay.py"}
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+@pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(ROOT)) for p in SCRIPTS])
 def test_script_compiles_and_its_imports_exist(script):
     source = script.read_text()
     compile(source, str(script), "exec")
