@@ -23,9 +23,9 @@ import typer
 from typer.testing import CliRunner
 
 # Where the parsers live: the one place to change when the entry points move.
-from app.chat import build_parser as chat_parser  # `dflash-chat`'s argparse parser
-from app.cli import app as dflash_app  # `dflash`'s typer app
-from app.commands import SlashCommands  # the chat's `/name arg` -> `cmd_name(arg)`
+from app.chat.commands import SlashCommands  # the chat's `/name arg` -> `cmd_name(arg)`
+from app.chat.main import build_parser as chat_parser  # `dflash-chat`'s argparse parser
+from app.cli.main import app as dflash_app  # `dflash`'s typer app
 from dflash_mlx.defaults import shipped_drafter_dir
 
 ROOT = Path(__file__).resolve().parent.parent
