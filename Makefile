@@ -60,7 +60,7 @@ bench: $(RUNTIME)
 mac-check: $(DEV)
 	$(PY) tests/mac_check.py mac-check.json
 
-# The drafter's long run (docs: BENCHMARKS.md "The long run"): from the committed resume point
+# The drafter's long run (BENCHMARKS.md "Training: the from-scratch long run"): from the committed resume point
 # if there is one, on the committed data, two threads while nobody holds the CPU lock, one
 # while somebody does. Each checkpoint also rewrites the resume point; commit it now and then.
 LONG_RUN := assets/train/long-run
