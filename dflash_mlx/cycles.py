@@ -5,12 +5,16 @@ size policy does not look at token values, so the loop can queue the next plain 
 on the lazy token before it reads this one on the host, as mlx-lm does. A run of plain
 steps then costs what plain mlx-lm decoding does.
 
-`Cycles` is the one writer of `PromptCache.tokens` (what the target cache holds): a
-token joins it when it enters the target, or, fed lazily, once `read` knows its value.
+During a generation `Cycles` appends to `PromptCache.tokens` (what the target cache
+holds): a token joins it when it enters the target, or, fed lazily, once `read` knows its
+value. The models are the `Pair`'s (shared); the caches and records are one sequence's.
 
 A tree cycle (`tree.py`) reads the drafter's candidates on the host to build the tree, so
-it syncs twice: once for the tree, once for the walk. A chain cycle may verify prompt
-lookup's guess instead of drafting (`lookup.chain_guess`).
+it syncs twice: once for the tree, once for the walk. Its candidates are the top tokens of
+the drafter's logits at each block position (for DFlash2, the selector's candidates: the
+same top-k set the selector ranks), and the chain it shows the policy is the drafter's own
+chain draft (`Drafter.candidates`: DFlash2's selector path). A chain cycle may verify prompt
+lookup's guess instead of drafting (`acceptance.Records.chain_guess`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from typing import Callable, Optional, Sequence, Union
 import mlx.core as mx
 import numpy as np
 
+from .acceptance import Records
 from .cache import PromptCache
-from .drafter import Drafter
-from .lookup import WINDOW, GuessRecord, chain_guess, lookup
+from .lookup import WINDOW, lookup
+from .pair import Pair
+from .plan import Plan
+from .policy import Width
 from .rollback import Checkpoint, keep_rows
-from .sampling import Draws, SamplingParams, accept, log_softmax
-from .target import Target
+from .sampling import Draws, accept, log_softmax
 from .tree import build_tree, top_candidates, walk
 
 PREFILL_STEP = 2048
@@ -51,6 +57,17 @@ class Cycle:
     guessed: bool = False  # a chain of prompt lookup's guess, not the drafter's drafts
 
     @property
+    def width(self) -> Width:
+        """What the cycle verified."""
+        return Width(self.size, self.tree)
+
+    @property
+    def shown(self) -> tuple[int, int]:
+        """(size, accepted) of the drafter's chain this cycle judged (a tree: the chain its
+        tokens show; a plain step: (1, 0), nothing drafted)."""
+        return self.chain if self.chain is not None else (self.size, self.accepted)
+
+    @property
     def ready(self) -> bool:
         """Whether the committed tokens are on the host."""
         return self.queued is None
@@ -70,23 +87,12 @@ def _chunks(todo: list[int], last_apart: bool) -> list[list[int]]:
 
 
 class Cycles:
-    """Prefill, plain steps and drafted blocks, on the state one generation shares."""
+    """Prefill, plain steps, chains and trees of one generation: the pair's models (shared)
+    on one sequence's cache and records (its own), as the plan says."""
 
-    def __init__(
-        self,
-        target: Target,
-        draft_model: Optional[Drafter],
-        cache: PromptCache,
-        sampling: SamplingParams,
-        profile: bool,
-        full_blocks: bool = False,
-        lookup: int = 0,
-    ):
-        self.target, self.drafter, self.cache = target, draft_model, cache
-        self.sampling, self.profile, self.full_blocks = sampling, profile, full_blocks
-        self.lookup = lookup  # prompt lookup's longest suffix, in trees and chains (0: off)
-        self.guesses = GuessRecord()  # how often the lookup's guesses were right, in this generation
-        self.drafter_record = GuessRecord()  # how often the drafter's chain drafts were right (`chain_guess`)
+    def __init__(self, pair: Pair, cache: PromptCache, records: Records, plan: Plan):
+        self.target, self.drafter, self.cache = pair.target, pair.drafter, cache
+        self.records, self.plan = records, plan
         self._fed: Optional[Cycle] = None  # a queued cycle whose lazy token a plain step was queued on
 
     def read(self, cycle: Cycle) -> list[int]:
@@ -106,7 +112,7 @@ class Cycles:
         stops = [b for b in (cache.boundary,) if b is not None and start < b < len(tokens)] + [len(tokens)]
         cache.boundary = None
         for begin, end in zip([start] + stops, stops):  # a snapshot at each stop
-            for chunk in _chunks(list(tokens[begin:end]), cache.kv is not None and end == len(tokens)):
+            for chunk in _chunks(list(tokens[begin:end]), self.plan.kv is not None and end == len(tokens)):
                 hidden = self._prefill_chunk(chunk)
                 if progress:
                     progress(len(cache.tokens), len(tokens))
@@ -117,7 +123,7 @@ class Cycles:
         """Feed `chunk` to the target (and its features to the drafter); its hidden states."""
         cache, drafter = self.cache, self.drafter
         hidden, features = self.target.forward(mx.array(chunk)[None], cache.target, capture=drafter is not None)
-        cache.quantize()
+        cache.quantize(self.plan.kv)
         if drafter is not None:
             cache.flush()
             drafter.append_context(features, cache.draft)
@@ -138,31 +144,32 @@ class Cycles:
             self._fed, token = after, after.queued
         position = len(self.cache.tokens) + (self._fed is not None)  # of the token this step chooses
         hidden, features = self.target.forward(token.reshape(1, 1), self.cache.target, capture=capture)
-        self.cache.quantize()
+        self.cache.quantize(self.plan.kv)
         if capture:
             self.cache.pending.append(features)
         return self._queue(1, self.target.lm_head(hidden)[0], position)
 
     def _queue(self, size: int, logits: mx.array, position: int) -> Cycle:
         """logits (1, V) choose the token at `position`."""
-        token, logprobs = self.sampling.choose(logits, position)[0], log_softmax(logits[0])
+        token, logprobs = self.plan.sampling.choose(logits, position)[0], log_softmax(logits[0])
         mx.async_eval(token, logprobs)
         return Cycle(size, 0, [logprobs], queued=token)
 
     def _lookup(self, token: int, k: int) -> list[int]:
         """Prompt lookup's guess of up to `k` tokens after `token`, from the recent context ([] when off)."""
-        return lookup(self.cache.tokens[-WINDOW:] + [token], k, self.lookup) if self.lookup else []
+        n = self.plan.lookup
+        return lookup(self.cache.tokens[-WINDOW:] + [token], k, n) if n else []
 
     def speculate(self, token: int, size: int) -> Cycle:
-        """Draft `size - 1` tokens after `token` (with `full_blocks`: the first ones of the
-        drafter's whole block), or take prompt lookup's guess where it promises more; verify
-        them, keep the accepted prefix."""
+        """Draft `size - 1` tokens after `token` (the first ones of the block `Plan.draft_block`
+        says), or take prompt lookup's guess where it promises more; verify them, keep the
+        accepted prefix."""
         cache, target = self.cache, self.target
         cache.flush()
         # The drafter and the verify choose block positions 1.. with the same draws.
-        draws = self.sampling.draws(len(cache.tokens) + 1)
+        draws = self.plan.sampling.draws(len(cache.tokens) + 1)
         found = self._lookup(token, size - 1)
-        guess = chain_guess(found, size - 1, self.guesses, self.drafter_record)
+        guess = self.records.chain_guess(found, size - 1)
         if guess:
             drafts, drafting, size = mx.array(guess), 0.0, len(guess) + 1
         else:
@@ -176,27 +183,22 @@ class Cycles:
         *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
         # Keep [token, accepted drafts] in the target cache; their features become context.
         checkpoint.rollback(size - accepted - 1)
-        cache.quantize()
+        cache.quantize(self.plan.kv)
         cache.tokens += [token] + drafted[:accepted]
         self.drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))
         committed = drafted[:accepted] + [bonus]
-        self.guesses.observe(found, committed)
-        if not guess:
-            self.drafter_record.observe(drafted, committed)
+        self.records.guesses.observe(found, committed)
         return Cycle(size, accepted, logprobs, drafting, tokens=committed, guessed=bool(guess))
 
     def _draft(self, token: int, size: int, draws: Draws) -> tuple[mx.array, float]:
         """The drafter's first `size - 1` drafts after `token` (queued), and the seconds spent
         drafting (measured when profiling only)."""
         drafter, tic = self.drafter, time.perf_counter()
-        # Adaptive cycles draft the full block and verify its first drafts: the drafter
-        # was trained on full blocks, and drafts from one are more often accepted (on a
-        # CPU, the head over a few more rows costs little beside the verify).
-        width = max(size, drafter.config.block_size) if self.full_blocks else size
+        width = self.plan.draft_block(size)
         block = mx.array([[token] + [drafter.config.mask_token_id] * (width - 1)])
         drafts = drafter.draft(block, self.cache.draft, self.target, draws)[: size - 1]
-        if not self.profile:
+        if not self.plan.profile:
             mx.async_eval(drafts)  # drafting runs while the verify graph is built
             return drafts, 0.0
         mx.eval(drafts)
@@ -209,33 +211,34 @@ class Cycles:
         target forward, walk it with the target's rule and keep the accepted path."""
         cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
         cache.flush()
-        block = mx.array([[token] + [drafter.config.mask_token_id] * (drafter.config.block_size - 1)])
-        proposals = drafter.propose(block, cache.draft, target)[:rows]  # (rows, V)
-        logprobs, ids = top_candidates(proposals, budget)
+        # node i chooses the token after it, at position root + depth + 1, with the keyed draws
+        draws = self.plan.sampling.draws(len(cache.tokens) + 1)
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (self.plan.block - 1)])
+        proposals, chain = drafter.candidates(block, cache.draft, target, draws)  # (B - 1, V), (B - 1,)
+        logprobs, ids = top_candidates(proposals[:rows], budget)
         guess = self._lookup(token, depth)
-        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess, self.guesses.logprob)
-        drafting = time.perf_counter() - tic if self.profile else 0.0
+        records = self.records
+        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess, records.guesses.logprob)
+        drafting = time.perf_counter() - tic if self.plan.profile else 0.0
         start = cache.target[0].offset
         positions = tree.positions(start)  # (n + 1,)
         hidden, features = target.tree_forward(
             mx.array(tree.tokens)[None], cache.target, positions, tree.ancestor_mask(start)
         )
         logits = target.lm_head(hidden)[0]  # (n + 1, V)
-        # node i chooses the token after it, at position root + depth + 1, with the keyed draws
-        draws = self.sampling.draws(len(cache.tokens) + 1)
         # the chain's drafts (what `speculate` would verify) tell the policy how a chain would
         # have fared on this cycle's tokens, so its estimates stay fresh while trees run
-        choices = mx.concatenate([draws.choose(logits, tree.depths), draws.choose(proposals)]).tolist()
+        choices = mx.concatenate([draws.choose(logits, tree.depths), chain[:rows]]).tolist()
         path, bonus = walk(tree, choices[: len(tree.tokens)])
         chain = choices[len(tree.tokens) :]
         rows = [0] + path
         keep_rows(cache.target, start, rows)
-        cache.quantize()
+        cache.quantize(self.plan.kv)
         cache.tokens += [tree.tokens[i] for i in rows]
         kept = mx.array(rows)
         drafter.append_context(features[:, kept], cache.draft)
         committed = [tree.tokens[i] for i in path] + [bonus]
-        self.guesses.observe(guess, committed)
+        records.guesses.observe(guess, committed)
         logprobs = list(log_softmax(logits[kept]))
         shown = chain_shown(chain, committed)
         return Cycle(tree.size + 1, len(path), logprobs, drafting, committed, tree=True, chain=shown)

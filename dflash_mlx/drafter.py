@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, ClassVar, Iterator, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .context_cache import ContextCache, block_masks
 from .sampling import Draws
 
 if TYPE_CHECKING:
@@ -85,11 +86,8 @@ class DrafterConfig:
         `mask_token_id` may sit at the top level or under `dflash_config`."""
         c = dict(config)
         dflash = c.pop("dflash_config", None) or {}
-        missing = [
-            k
-            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-            if k not in c
-        ]
+        required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        missing = [k for k in required if k not in c]
         if missing:
             raise ValueError(f"drafter config.json lacks {', '.join(missing)}")
         n_layers = c["num_hidden_layers"]
@@ -195,37 +193,6 @@ def check_fit(config: DrafterConfig, *, num_layers: int, hidden_size: int, vocab
         raise ValueError(f"drafter mask_token_id {config.mask_token_id} is not in the target's vocabulary")
 
 
-#: The largest finite float16, and the factor below it a drafter's activations must stay
-#: to be computed in float16 (what one probe does not see, real prompts may reach).
-FLOAT16_MAX = 65504.0
-FLOAT16_MARGIN = 4.0
-#: What a drafter whose activations would overflow float16 is computed in instead.
-SAFE_DTYPE = "bfloat16"
-#: Tokens the dtype probe feeds the target.
-PROBE_TOKENS = 32
-
-
-def safe_compute_dtype(drafter: "Drafter", target: "Target") -> Optional[str]:
-    """The dtype policy: never compute a drafter in float16 where its activations overflow.
-    A float16 drafter next to a float16 target would compute in float16 (any other pair
-    promotes to float32); then one probe forward (a block over spread-out token ids, in
-    float32) measures its activations, and past FLOAT16_MAX / FLOAT16_MARGIN the drafter is
-    cast to SAFE_DTYPE. Returns the one line saying so, or None when nothing changed.
-    `target` must capture the drafter's target_layer_ids."""
-    cfg = drafter.config
-    tokens = mx.arange(PROBE_TOKENS)[None] * (target.vocab_size // PROBE_TOKENS)  # (1, PROBE_TOKENS)
-    block = mx.array([[int(tokens[0, -1])] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # (1, B)
-    embeddings = target.embed(block)
-    if drafter.norm.weight.dtype != mx.float16 or embeddings.dtype != mx.float16:
-        return None
-    _, features = target.forward(tokens, make_prompt_cache(target.model))
-    peak = drafter.activation_peak(features, embeddings * cfg.input_embedding_scale)
-    if peak <= FLOAT16_MAX / FLOAT16_MARGIN:
-        return None
-    drafter.set_dtype(getattr(mx, SAFE_DTYPE))
-    return f"drafter activations reach {peak:.3g}, near float16's limit {FLOAT16_MAX:g}: computing it in {SAFE_DTYPE}"
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -295,75 +262,6 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class ContextCache(KVCache):
-    """A drafter layer's context K/V, bounded: the first `sink` tokens and the last
-    `window` (None: every token). `offset` stays the position of the next token (what
-    the block's RoPE and the loop read); `stored` counts the tokens actually kept. The
-    window only changes drafts, which the target verifies: output stays lossless."""
-
-    def __init__(self, window: Optional[int] = None, sink: int = 0):
-        super().__init__()
-        self.window, self.sink = window, sink
-        self.head = 0  # sink tokens kept (positions 0..head-1)
-        self.tail = 0  # position of the first token after the sink part
-
-    @property
-    def stored(self) -> int:
-        """Tokens whose K/V are kept."""
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Append keys, values (1, kv_heads, n, head_dim) at positions offset..; drop what
-        falls out of the window."""
-        if self.keys is not None:
-            keys, values = mx.concatenate([self.keys, keys], axis=2), mx.concatenate([self.values, values], axis=2)
-        self.offset += keys.shape[2] - self.stored
-        self.head = min(self.sink, self.offset) if self.tail == self.head else self.head
-        if self.window is not None and keys.shape[2] - self.head > self.window:
-            cut = keys.shape[2] - self.head - self.window
-            keys = mx.concatenate([keys[..., : self.head, :], keys[..., self.head + cut :, :]], axis=2)
-            values = mx.concatenate([values[..., : self.head, :], values[..., self.head + cut :, :]], axis=2)
-        self.keys, self.values = keys, values
-        self.tail = self.offset - (keys.shape[2] - self.head)
-        return keys, values
-
-    def positions(self) -> mx.array:
-        """Positions (stored,) of the kept tokens."""
-        return mx.concatenate([mx.arange(self.head), mx.arange(self.tail, self.offset)])
-
-    def trim(self, n: int) -> int:
-        """Forget the last n tokens (those still kept leave the cache)."""
-        n = min(self.offset, n)
-        self.offset -= n
-        keep = self.head + max(0, self.offset - self.tail) if self.offset >= self.head else self.offset
-        self.head = min(self.head, self.offset)
-        self.tail = min(self.tail, self.offset)
-        if self.keys is not None:
-            self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the kept K/V."""
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
-
-
-def sliding_window_mask(
-    start: int, length: int, window: int, causal: bool, keys: Optional[mx.array] = None
-) -> mx.array:
-    """Boolean mask of block queries (positions start..start+length-1) over the keys at
-    positions `keys` (default: every position before the block) and the block's own."""
-    q = mx.arange(start, start + length)[:, None]
-    k = mx.arange(start + length) if keys is None else mx.concatenate([keys, mx.arange(start, start + length)])
-    k = k[None]
-    allowed = (q - k) < window
-    if causal:
-        allowed = allowed & (k <= q)
-    else:
-        allowed = allowed & ((k - q) < window)
-    return allowed
-
-
 class Drafter(nn.Module):
     """A DFlash v1 drafter. Feed it context with `append_context`, then call it on a
     block's embeddings; apply the target's lm_head to the result."""
@@ -416,10 +314,18 @@ class Drafter(nn.Module):
             layer.self_attn.append_context(context, c)
 
     def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", draws: Draws) -> mx.array:
-        """The hook the decoding loop calls: draft tokens (B-1,) for block positions 1..B-1
-        of `block` (1, B), chosen by the target's rule (`draws`, positions from block
-        position 1 on) from the drafter's logits."""
-        return draws.choose(self.propose(block, cache, target))
+        """The hook a chain cycle calls: draft tokens (B-1,) for block positions 1..B-1 of
+        `block` (1, B) (`candidates`' chain)."""
+        return self.candidates(block, cache, target, draws)[1]
+
+    def candidates(
+        self, block: mx.array, cache: Sequence[KVCache], target: "Target", draws: Draws
+    ) -> tuple[mx.array, mx.array]:
+        """The hook a tree cycle calls: (draft logits (B-1, vocab), whose top tokens are a
+        tree's candidates; the chain draft (B-1,), chosen from them by the target's rule
+        (`draws`, positions from block position 1 on)) for block positions 1..B-1."""
+        logits = self.propose(block, cache, target)
+        return logits, draws.choose(logits)
 
     def propose(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
         """Draft logits (B-1, vocab) for block positions 1..B-1 of `block` (1, B)."""
@@ -461,26 +367,12 @@ class Drafter(nn.Module):
         *_, h = (block_embeddings, *self._layer_outputs(block_embeddings, cache))
         return self.norm(h)
 
-    def _masks(self, start: int, length: int, keys: Optional[mx.array]) -> dict[str, Optional[mx.array]]:
-        """The attention mask of each layer kind for a block at positions start.. (length of them),
-        over cached keys at positions `keys` (stored,) (None: 0..start - 1, nothing dropped)."""
-        cfg = self.config
-        masks: dict[str, Optional[mx.array]] = {"full_attention": None}
-        if cfg.is_causal:
-            # As in z-lab's code (torch and MLX): a config's is_causal applies to every
-            # layer, full-attention ones included (a window wider than all keys).
-            masks["full_attention"] = sliding_window_mask(start, length, start + length, True, keys)
-        if "sliding_attention" in cfg.layer_types:
-            causal = True if cfg.is_causal is None else cfg.is_causal
-            masks["sliding_attention"] = sliding_window_mask(start, length, cfg.sliding_window, causal, keys)
-        return masks
-
     def _layer_outputs(self, h: mx.array, cache: Sequence[KVCache]) -> Iterator[mx.array]:
         """The residual stream (1, B, hidden) after each layer, fed block embeddings h (1, B, hidden)."""
         start = cache[0].offset
         windowed = isinstance(cache[0], ContextCache) and cache[0].stored < start
         keys = cache[0].positions() if windowed else None  # (stored,): the same in every layer
-        masks = self._masks(start, h.shape[1], keys)
+        masks = block_masks(self.config, start, h.shape[1], keys)
         for layer, kind, c in zip(self.layers, self.config.layer_types, cache):
             n = c.stored if isinstance(c, ContextCache) else c.offset
             context = (c.keys[..., :n, :], c.values[..., :n, :])

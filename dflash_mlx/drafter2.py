@@ -179,8 +179,12 @@ class Drafter2(Drafter):
         super().__init__(config)
         self.candidate_selector = CandidateSelector(config)
 
-    def draft(self, block: mx.array, cache: Sequence[KVCache], target: "Target", draws: Draws) -> mx.array:
-        """Draft positions 1..B-1 of `block` (1, B) along the selector's path (z-lab's
-        sampling: temperature only, no top-p / top-k)."""
+    def candidates(
+        self, block: mx.array, cache: Sequence[KVCache], target: "Target", draws: Draws
+    ) -> tuple[mx.array, mx.array]:
+        """(draft logits (B-1, vocab), whose top `selector_top_k` tokens are the selector's
+        candidates at each position; the chain draft (B-1,): the selector's path through
+        them, z-lab's sampling: temperature only, no top-p / top-k) for block positions 1..B-1."""
         h = self.hidden(block, cache, target)
-        return self.candidate_selector.select(h, self.head(h, target), block[0, 0], draws)
+        logits = self.head(h, target)
+        return logits, self.candidate_selector.select(h, logits, block[0, 0], draws)

@@ -3,8 +3,8 @@
 Both resolve their reference (local directory or Hub repo id) through `hub.resolve_source`
 and, with no reference, use the defaults in `defaults.py`. A drafter's config is checked
 by the same rules as `dflash convert` (`config.parse_config`) before its weights are read;
-whether it fits a target is `drafter.check_fit`'s question, asked when a target is given,
-and so is the dtype it computes in (`drafter.safe_compute_dtype`: never an overflowing float16).
+whether it fits a target is `drafter.check_fit`'s question, asked (by `Pair`) when a target is given,
+and so is the dtype it computes in (`safe_compute_dtype`: never an overflowing float16).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
 from .config import parse_config
@@ -22,13 +24,45 @@ from .distributed import choose_sharding, here, sharded_load
 from .errors import UserError, one_line
 from .defaults import default_model_path, shipped_drafter_dir
 from .draft_vocab import load_draft_vocab
-from .drafter import Drafter, check_fit, safe_compute_dtype
+from .drafter import Drafter
 from .drafters import load_drafter_dir, read_config
 from .hub import SAFETENSORS_PATTERNS, resolve_source
-from .targets import make_target
+from .pair import Pair
+from .target import Target
 
 #: The drafter shipped for the default target.
 DEFAULT_DRAFT_DIR = shipped_drafter_dir()
+
+
+#: The largest finite float16, and the factor below it a drafter's activations must stay
+#: to be computed in float16 (what one probe does not see, real prompts may reach).
+FLOAT16_MAX = 65504.0
+FLOAT16_MARGIN = 4.0
+#: What a drafter whose activations would overflow float16 is computed in instead.
+SAFE_DTYPE = "bfloat16"
+#: Tokens the dtype probe feeds the target.
+PROBE_TOKENS = 32
+
+
+def safe_compute_dtype(drafter: Drafter, target: Target) -> Optional[str]:
+    """The dtype policy: never compute a drafter in float16 where its activations overflow.
+    A float16 drafter next to a float16 target would compute in float16 (any other pair
+    promotes to float32); then one probe forward (a block over spread-out token ids, in
+    float32) measures its activations, and past FLOAT16_MAX / FLOAT16_MARGIN the drafter is
+    cast to SAFE_DTYPE. Returns the one line saying so, or None when nothing changed.
+    `target` must capture the drafter's target_layer_ids."""
+    cfg = drafter.config
+    tokens = mx.arange(PROBE_TOKENS)[None] * (target.vocab_size // PROBE_TOKENS)  # (1, PROBE_TOKENS)
+    block = mx.array([[int(tokens[0, -1])] + [cfg.mask_token_id] * (cfg.block_size - 1)])  # (1, B)
+    embeddings = target.embed(block)
+    if drafter.norm.weight.dtype != mx.float16 or embeddings.dtype != mx.float16:
+        return None
+    _, features = target.forward(tokens, make_prompt_cache(target.model))
+    peak = drafter.activation_peak(features, embeddings * cfg.input_embedding_scale)
+    if peak <= FLOAT16_MAX / FLOAT16_MARGIN:
+        return None
+    drafter.set_dtype(getattr(mx, SAFE_DTYPE))
+    return f"drafter activations reach {peak:.3g}, near float16's limit {FLOAT16_MAX:g}: computing it in {SAFE_DTYPE}"
 
 
 def load(path_or_repo: Optional[str] = None, sharding: Optional[str] = None, **kwargs: Any) -> tuple[nn.Module, Any]:
@@ -65,7 +99,7 @@ def load_draft(
     `draft_vocab`: None uses the drafter's own draft_vocab.json if it has one, "none"
     drafts over the whole vocabulary, a path uses that file (see `draft_vocab.py`).
     A float16 drafter for a float16 target whose activations would overflow float16 is
-    cast to bfloat16, with one line on stderr (`drafter.safe_compute_dtype`)."""
+    cast to bfloat16, with one line on stderr (`safe_compute_dtype`)."""
     if path_or_repo is None:
         path = DEFAULT_DRAFT_DIR
         if not path.is_dir():
@@ -78,11 +112,7 @@ def load_draft(
         ids = None if draft_vocab == "none" else load_draft_vocab(draft_vocab, drafter.config.vocab_size)
         drafter.use_draft_vocab(ids)
     if model is not None:
-        target = make_target(model, drafter.config.target_layer_ids)
-        check_fit(
-            drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
-        )
-        note = safe_compute_dtype(drafter, target)
+        note = safe_compute_dtype(drafter, Pair(model, drafter).target)  # Pair checks the fit
         if note:
             print(note, file=sys.stderr)
     return drafter

@@ -13,7 +13,8 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
 
-from dflash_mlx.drafter import ContextCache, Drafter
+from dflash_mlx.context_cache import ContextCache
+from dflash_mlx.drafter import Drafter
 from dflash_mlx.options import DRAFT_WINDOW, DecodeOptions, OptionError
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target

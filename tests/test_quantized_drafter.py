@@ -4,7 +4,7 @@ The shipped drafter goes through `convert_drafter` with -q at 4 and 8 bits (what
 `dflash convert -q --q-bits N` runs) and decodes a held-out prompt with the real default
 target: greedy output must equal `mlx_lm.stream_generate`'s token for token (quantizing
 the drafter may cost acceptance, never a token). The dtype policy
-(`drafter.safe_compute_dtype`, applied by `load_draft`) is checked on a float16 target:
+(`loading.safe_compute_dtype`, applied by `load_draft`) is checked on a float16 target:
 the shipped drafter cast to float16 stays float16, and the same drafter with weights
 scaled until its activations pass float16's range is cast to bfloat16, with one line.
 """
@@ -24,7 +24,7 @@ from converters.convert import convert_drafter
 from converters.options import ConvertOptions
 from dflash_mlx import load_draft, stream_generate
 from dflash_mlx.defaults import shipped_asset, shipped_drafter_dir
-from dflash_mlx.drafter import FLOAT16_MAX, FLOAT16_MARGIN
+from dflash_mlx.loading import FLOAT16_MAX, FLOAT16_MARGIN
 from dflash_mlx.drafters import load_drafter_dir, save_drafter
 from dflash_mlx.targets import make_target
 

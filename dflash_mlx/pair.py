@@ -1,0 +1,57 @@
+"""The model pair: a target and its drafter, built once and shared by every generation.
+
+What depends on the two models alone, and not on a request, is settled here once: the
+target adapter (`targets.make_target`), the kernel choice (`Target.use_kernels`, which
+checks and times the custom kernels on this machine: `kernels/choice.py`), whether the
+drafter fits the target (`drafter.check_fit`), and whether the target's caches allow draft
+trees. A `Pair` holds no per-sequence state:
+caches, tokens, records and policies are each sequence's own (`sequence.py`), so several
+sequences decode through one pair.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache as make_target_cache
+
+from .drafter import Drafter, check_fit
+from .target import Target
+from .targets import make_target
+
+
+class Pair:
+    """A target model and its drafter (None: the target alone), checked against each other.
+
+    `target`: the adapter whose forward also returns the drafter's feature layers;
+    `block`: the drafter's block size B (1 without a drafter); `trees`: whether the target
+    verifies draft trees."""
+
+    def __init__(self, model: nn.Module, drafter: Optional[Drafter] = None, kernels: bool = False):
+        self.model, self.drafter = model, drafter
+        layers = drafter.config.target_layer_ids if drafter is not None else ()
+        self.target: Target = make_target(model, layers).use_kernels(kernels)
+        self.wants_kernels = kernels
+        if drafter is not None:
+            t = self.target
+            check_fit(drafter.config, num_layers=t.num_layers, hidden_size=t.hidden_size, vocab_size=t.vocab_size)
+        self.block = drafter.config.block_size if drafter is not None else 1
+        # empty caches (no arrays yet): their kinds say whether trees can be verified
+        self.trees = drafter is not None and self.target.supports_trees(make_target_cache(model))
+
+    def same(self, model: Any, drafter: Any, kernels: bool) -> bool:
+        """Whether this pair was built from these models with this kernel switch."""
+        return self.model is model and self.drafter is drafter and self.wants_kernels == kernels
+
+    @classmethod
+    def of(cls, model: nn.Module, drafter: Optional[Drafter] = None, kernels: bool = False) -> "Pair":
+        """The pair of `model` and `drafter`: the one built last when it is theirs (a chat, a
+        server, a benchmark decode through one pair), else a new one, kept for next time."""
+        global _last
+        if _last is None or not _last.same(model, drafter, kernels):
+            _last = cls(model, drafter, kernels)
+        return _last
+
+
+_last: Optional[Pair] = None  # the pair `Pair.of` built last (one: no model outlives its use)

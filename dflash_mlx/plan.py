@@ -1,0 +1,129 @@
+"""One plan per generation, made from its `DecodeOptions` and the model `Pair`: how it decodes.
+
+A generation decodes one of three ways: the target alone (no drafter: plain steps), a
+fixed width (a chain of `block_size`, or a tree of `tree_budget` nodes), or an adaptive
+policy that chooses each cycle's width (`policy.BlockSizePolicy`, or `tree_policy.TreePolicy`
+where the pair verifies trees). This is the one place that reads `block_size` and
+`tree_budget`: the widths a cycle may verify, the drafter block its drafts come from and
+the depths of its trees are all the plan's answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
+
+from .cache import PromptCache
+from .options import DecodeOptions
+from .pair import Pair
+from .policy import BlockSizePolicy, Width
+from .sampling import SamplingParams
+from .tree_policy import TreePolicy
+
+#: (bits, group size, start) of mlx-lm's KV cache quantization.
+KV = tuple[int, int, int]
+
+
+def new_policy(pair: Pair, trees: bool = True) -> BlockSizePolicy:
+    """A fresh adaptive policy for `pair`: a `TreePolicy` (plain steps, chains and draft
+    trees) where the pair verifies trees and `trees` is on, else the chain-only one."""
+    return TreePolicy(pair.block) if trees and pair.trees else BlockSizePolicy(pair.block)
+
+
+@dataclass
+class Plan:
+    """How one generation decodes. `limit`: the most tokens a chain verifies (1: the target
+    alone; the fixed block size; or, adaptive, the drafter's block B)."""
+
+    limit: int
+    block: int  # the drafter's block B, which trees (and adaptive chains) are drafted from
+    policy: Optional[BlockSizePolicy]  # None: fixed widths
+    fixed_tree: Optional[int]  # nodes of every cycle's tree (a fixed tree budget)
+    trees: bool  # whether cycles may be trees
+    max_tokens: Optional[int]
+    sampling: SamplingParams
+    lookup: int  # prompt lookup's longest suffix (0: off)
+    profile: bool
+    kv: Optional[KV]  # the target's KV cache quantization (None: off)
+
+    @classmethod
+    def make(
+        cls,
+        options: DecodeOptions,
+        pair: Pair,
+        policy: Optional[BlockSizePolicy] = None,
+        max_tokens: Optional[int] = None,
+    ) -> "Plan":
+        """The plan of a generation: `policy` (a sequence's, carried across its turns) is
+        used when the width is adaptive, else a new one is made; fixed widths use none."""
+        drafter = pair.drafter
+        limit = options.block_limit(drafter)
+        trees = pair.trees and options.tree_budget != 0
+        fixed_tree = options.tree_budget if trees and options.tree_budget else None
+        if options.adaptive(drafter) and fixed_tree is None:
+            policy = policy or new_policy(pair, trees)
+            policy.start()
+        else:
+            policy = None
+        kv = None if options.kv_bits is None else (options.kv_bits, options.kv_group_size, options.quantized_kv_start)
+        sampling = options.sampling()
+        return cls(limit, pair.block, policy, fixed_tree, trees, max_tokens, sampling, options.lookup, options.profile, kv)
+
+    def draft_block(self, size: int) -> int:
+        """The block a chain of `size` is drafted from: the drafter's whole block when
+        adaptive (it was trained on full blocks, and drafts from one are more often
+        accepted; on a CPU the head over a few more rows costs little beside the verify),
+        else the chain's own size."""
+        return max(size, self.block) if self.policy is not None else size
+
+    def _left(self, produced: int) -> int:
+        return max(1, self.max_tokens - produced) if self.max_tokens is not None else self.limit
+
+    def next(self, produced: int) -> Width:
+        """The width of the cycle after `produced` tokens, never a chain past `max_tokens`.
+        A policy's tree where trees are off (a policy passed in) is its chain."""
+        left = self._left(produced)
+        if self.policy is not None:
+            width = self.policy.choose_width(left)
+            return width if self.trees or not width.tree else Width(min(width.size, self.limit, left))
+        if self.limit == 1:
+            return Width(1)
+        if self.fixed_tree:
+            return Width(self.fixed_tree + 1, True)
+        return Width(max(2, min(self.limit, left)))  # a fixed block verifies at least 2
+
+    def depths(self, produced: int, nodes: int) -> tuple[int, int]:
+        """(the depth of a tree of `nodes` after `produced` tokens, its candidates' depth):
+        at least 1 and none deeper than max_tokens needs; the drafter's candidates stay
+        within the block, prompt lookup's guess may go on below, as deep as the nodes go."""
+        left = self.max_tokens - produced if self.max_tokens is not None else nodes + 1
+        depth = max(1, min(nodes, left - 1))
+        return depth, min(depth, self.limit - 1)
+
+    def run_ahead(self, size: int, produced: int) -> bool:
+        """Whether a plain step is queued before the token it feeds is read (not when the
+        caller stops at max_tokens)."""
+        return size == 1 and (self.max_tokens is None or produced < self.max_tokens)
+
+    def kv_room(self, cache: PromptCache) -> Optional[int]:
+        """How many tokens the next forward may take while the KV cache stays in full
+        precision (at least 1), or None when that does not matter (no quantization, or done)."""
+        if self.kv is None:
+            return None
+        offsets = [c.offset for c in cache.target if hasattr(c, "to_quantized")]
+        return max(1, self.kv[2] - offsets[0]) if offsets else None
+
+
+def check_kv(cache: PromptCache, options: DecodeOptions) -> None:
+    """A ValueError (one line) where `cache` cannot be quantized as `options` say: a target with sliding-window layers (mlx-lm cannot quantize those), or a
+    cache already quantized otherwise."""
+    if options.kv_bits is None:
+        return
+    if any(isinstance(c, RotatingKVCache) for c in cache.target):
+        raise ValueError("kv_bits needs a target without sliding-window layers (mlx-lm cannot quantize them)")
+    for c in cache.target:
+        if isinstance(c, QuantizedKVCache) and (c.bits, c.group_size) != (options.kv_bits, options.kv_group_size):
+            raise ValueError(f"kv_bits: the prompt cache is quantized to {c.bits} bits in groups of {c.group_size}")
+
