@@ -4,7 +4,6 @@ from .blas import preload as _preload_blas
 
 _preload_blas()  # must run before the first `import mlx`
 
-from .adaptive import BlockSizePolicy, TreePolicy  # noqa: E402
 from .config import parse_layer_ids  # noqa: E402
 from .cycles import PREFILL_STEP  # noqa: E402
 from .defaults import default_model_path, shipped_drafter_dir  # noqa: E402
@@ -15,6 +14,8 @@ from .errors import EXPECTED_ERRORS, one_line  # noqa: E402
 from .loading import load, load_draft  # noqa: E402
 from .messages import apply_chat_template, read_prompt_sources, user_messages  # noqa: E402
 from .options import DecodeOptions, OptionError  # noqa: E402
+from .pair import Pair  # noqa: E402
+from .policy import BlockSizePolicy, Width  # noqa: E402
 from .speculative import (  # noqa: E402
     GenerationResponse,
     PromptCache,
@@ -27,6 +28,7 @@ from .speculative import (  # noqa: E402
 )
 from .sampling import SamplingParams  # noqa: E402
 from .stats import GenerationStats, histogram, tau  # noqa: E402
+from .tree_policy import TreePolicy  # noqa: E402
 
 __all__ = [
     "EXPECTED_ERRORS",
@@ -40,9 +42,11 @@ __all__ = [
     "GenerationResponse",
     "OptionError",
     "GenerationStats",
+    "Pair",
     "PromptCache",
     "SamplingParams",
     "TreePolicy",
+    "Width",
     "apply_chat_template",
     "default_model_path",
     "format_stats",

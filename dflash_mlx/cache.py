@@ -4,7 +4,7 @@ With `kv_bits` the target's KV cache is quantized by mlx-lm's own rule
 (`maybe_quantize_kv_cache`: each layer's cache once it holds `quantized_kv_start`
 tokens), applied after every forward, as mlx-lm applies it after every step. mlx-lm
 decodes one token a step, so a token at position p attends to a quantized cache iff
-p >= start; `kv_room` caps the cycle that would cross the start so that ours do too, and
+p >= start; `Plan.kv_room` caps the cycle that would cross the start so that ours do too, and
 greedy output stays mlx-lm's with the same quantized cache (rollback trims a
 `QuantizedKVCache` as it does a `KVCache`).
 
@@ -27,19 +27,10 @@ import os
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import (
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
-    load_prompt_cache,
-    save_prompt_cache,
-    trim_prompt_cache,
-)
+from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache, trim_prompt_cache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
-from .adaptive import BlockSizePolicy
 from .drafter import Drafter
-from .options import DecodeOptions
 from .rollback import Mark, rewind
 
 
@@ -51,10 +42,9 @@ MARKS = 4
 class PromptCache:
     """The target's KV cache, the drafter's context cache, and the tokens they hold.
 
-    Pass the same object to successive `stream_generate` calls with the whole
-    conversation as the prompt: only the part after the longest common prefix is
-    prefilled. It also keeps the adaptive block-size policy, so that what it learned
-    about the drafter carries over from turn to turn."""
+    Successive calls with the whole conversation as the prompt prefill only the part after
+    the longest common prefix (`reuse`). What a sequence learned about the drafter is its
+    `sequence.Sequence`'s, which holds this cache."""
 
     def __init__(self, model: nn.Module, draft_model: Optional[Drafter] = None):
         self.model = model
@@ -63,52 +53,26 @@ class PromptCache:
         self.drafter: Optional[Drafter] = None
         self.draft: Optional[list] = None
         self.pending: list[mx.array] = []  # features (1, n, k * hidden) not yet in the drafter's context
-        self.policy: Optional[BlockSizePolicy] = None
         self.marks: list[Mark] = []  # hybrid snapshots at prefix boundaries, least recently used first
         self.boundary: Optional[int] = None  # a prefix length the next prefill snapshots at
-        self.kv: Optional[tuple[int, int, int]] = None  # (bits, group size, start) of the KV quantization
         self.use_drafter(draft_model)
 
-    def quantize_with(self, options: DecodeOptions) -> None:
-        """Quantize the target's KV cache as `options` say (kv_bits None: not at all).
-        A ValueError (one line) for a target with sliding-window layers (mlx-lm cannot
-        quantize those) or a cache already quantized otherwise."""
-        if options.kv_bits is None:
-            self.kv = None
-            return
-        if any(isinstance(c, RotatingKVCache) for c in self.target):
-            raise ValueError("kv_bits needs a target without sliding-window layers (mlx-lm cannot quantize them)")
-        for c in self.target:
-            if isinstance(c, QuantizedKVCache) and (c.bits, c.group_size) != (options.kv_bits, options.kv_group_size):
-                raise ValueError(f"the prompt cache is quantized to {c.bits} bits in groups of {c.group_size}")
-        self.kv = (options.kv_bits, options.kv_group_size, options.quantized_kv_start)
-
-    def quantize(self) -> None:
-        """After a forward: quantize every layer's cache that has reached the start."""
-        if self.kv is not None:
-            bits, group_size, start = self.kv
+    def quantize(self, kv: Optional[tuple[int, int, int]]) -> None:
+        """After a forward: quantize every layer's cache that has reached the start, as `kv`
+        = (bits, group size, start) says (None: not at all)."""
+        if kv is not None:
+            bits, group_size, start = kv
             maybe_quantize_kv_cache(self.target, start, group_size, bits)
 
-    def kv_room(self) -> Optional[int]:
-        """How many tokens the next forward may take while the KV cache stays in full
-        precision (at least 1), or None when that does not matter (no quantization, or
-        done)."""
-        if self.kv is None:
-            return None
-        offsets = [c.offset for c in self.target if hasattr(c, "to_quantized")]
-        return max(1, self.kv[2] - offsets[0]) if offsets else None
-
     def use_drafter(self, draft_model: Optional[Drafter]) -> None:
+        """Give `draft_model` a fresh context cache, unless it is the one this cache holds."""
         if draft_model is not None and draft_model is not self.drafter:
-            self.drafter, self.draft = draft_model, draft_model.make_cache()
-            self.pending, self.policy = [], None
+            self.drafter, self.draft, self.pending = draft_model, draft_model.make_cache(), []
 
-    def bound_drafter(self, options: DecodeOptions) -> None:
-        """Bound the drafter's context cache to the window and sink `options` give."""
-        if self.drafter is not None:
-            window = options.window(self.drafter)
-            for c in self.draft:
-                c.window, c.sink = window, options.draft_sink
+    def bound_drafter(self, window: Optional[int], sink: int) -> None:
+        """Bound the drafter's context cache to the last `window` tokens (None: all) and the first `sink`."""
+        for c in self.draft or []:
+            c.window, c.sink = window, sink
 
     def draft_memory(self) -> tuple[int, int]:
         """(tokens, bytes) the drafter's context cache keeps."""

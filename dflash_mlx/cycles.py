@@ -149,6 +149,13 @@ class Cycles:
             self.cache.pending.append(features)
         return self._queue(1, self.target.lm_head(hidden)[0], position)
 
+    def run(self, after: Cycle, width: Width, depth: int, rows: int) -> Cycle:
+        """The cycle of `width` after `after`: a plain step, a chain, or a tree `depth` deep
+        whose drafter candidates go `rows` deep (`Plan.depths`)."""
+        if width.tree:
+            return self.tree(after.last, width.nodes, depth, rows)
+        return self.plain(after) if width.size == 1 else self.speculate(after.last, width.size)
+
     def _queue(self, size: int, logits: mx.array, position: int) -> Cycle:
         """logits (1, V) choose the token at `position`."""
         token, logprobs = self.plan.sampling.choose(logits, position)[0], log_softmax(logits[0])

@@ -43,10 +43,10 @@ class Plan:
     fixed_tree: Optional[int]  # nodes of every cycle's tree (a fixed tree budget)
     trees: bool  # whether cycles may be trees
     max_tokens: Optional[int]
-    sampling: SamplingParams
-    lookup: int  # prompt lookup's longest suffix (0: off)
-    profile: bool
-    kv: Optional[KV]  # the target's KV cache quantization (None: off)
+    sampling: SamplingParams = SamplingParams()
+    lookup: int = 0  # prompt lookup's longest suffix (0: off)
+    profile: bool = False
+    kv: Optional[KV] = None  # the target's KV cache quantization (None: off)
 
     @classmethod
     def make(
@@ -68,8 +68,8 @@ class Plan:
         else:
             policy = None
         kv = None if options.kv_bits is None else (options.kv_bits, options.kv_group_size, options.quantized_kv_start)
-        sampling = options.sampling()
-        return cls(limit, pair.block, policy, fixed_tree, trees, max_tokens, sampling, options.lookup, options.profile, kv)
+        sampling, lookup, profile = options.sampling(), options.lookup, options.profile
+        return cls(limit, pair.block, policy, fixed_tree, trees, max_tokens, sampling, lookup, profile, kv)
 
     def draft_block(self, size: int) -> int:
         """The block a chain of `size` is drafted from: the drafter's whole block when
@@ -117,8 +117,9 @@ class Plan:
 
 
 def check_kv(cache: PromptCache, options: DecodeOptions) -> None:
-    """A ValueError (one line) where `cache` cannot be quantized as `options` say: a target with sliding-window layers (mlx-lm cannot quantize those), or a
-    cache already quantized otherwise."""
+    """A ValueError (one line) where `cache` cannot be quantized as `options` say: a
+    target with sliding-window layers (mlx-lm cannot quantize those), or a cache already
+    quantized otherwise."""
     if options.kv_bits is None:
         return
     if any(isinstance(c, RotatingKVCache) for c in cache.target):
@@ -126,4 +127,3 @@ def check_kv(cache: PromptCache, options: DecodeOptions) -> None:
     for c in cache.target:
         if isinstance(c, QuantizedKVCache) and (c.bits, c.group_size) != (options.kv_bits, options.kv_group_size):
             raise ValueError(f"kv_bits: the prompt cache is quantized to {c.bits} bits in groups of {c.group_size}")
-

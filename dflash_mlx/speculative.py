@@ -7,22 +7,21 @@ the committed tokens' features become new drafter context. One host sync per cyc
 plain steps are pipelined as in mlx-lm (the next is queued before this one's token is
 read), so a run of them costs what plain decoding does (`cycles.py`).
 
-The block size b is fixed (`DecodeOptions.block_size`) or chosen before every cycle by
-a `BlockSizePolicy` (`block_size=None`), from 1 (a plain target step, no drafter call;
-its features join the drafter's context lazily, before the next draft) up to the
-drafter's B. `generate_step` wires a generation together (`_setup`), asks `CycleWidths` for
-each cycle's size, and charges each cycle its time (`_Clock`); the cycles themselves,
-and the tokens the caches hold, are `cycles.Cycles`'.
+A generation is wired from three things: the model `Pair` (the target adapter, the
+drafter, the kernel choice, the capabilities: built once per pair, `pair.py`), the
+`Sequence` it continues (its caches, tokens, records and policy: `sequence.py`) and its
+`Plan` (target alone, a fixed width, or an adaptive policy: `plan.py`). Each cycle's
+width (`policy.Width`: a plain step, a chain of b, a draft tree of n nodes) comes from
+the plan; `Cycles` runs it; `_Clock` charges it its time.
 
 `DecodeOptions.tree_budget=N` verifies a draft tree of up to N nodes instead of a chain
 (`tree.py`, DDTree) on targets whose family and caches allow it (plain attention
 decoders: llama, mistral, qwen2, qwen3, qwen3_moe; hybrid and sliding-window targets
 keep the chain). With an adaptive block size (the default), a `TreePolicy` chooses per
 cycle between a plain step, a chain of b and a tree of n nodes, from measured acceptance
-and cost: trees where rows are cheap (a GPU), mostly chains where they are not (a CPU);
-`tree_budget=0`: chains only, whatever the policy. Every tree also holds prompt lookup's
-guess, what followed the latest earlier occurrence of the context's last tokens
-(`DecodeOptions.lookup`, `lookup.py`).
+and cost; `tree_budget=0`: chains only. Every tree also holds prompt lookup's guess, what
+followed the latest earlier occurrence of the context's last tokens (`DecodeOptions.lookup`,
+`lookup.py`), and a chain may verify that guess in place of the drafter's drafts.
 """
 
 from __future__ import annotations
@@ -34,17 +33,23 @@ from typing import Callable, Generator, Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .adaptive import BlockSizePolicy, CycleWidths, TreePolicy, Width
+from .acceptance import Records
 from .cache import PromptCache
 from .cycles import Cycle, Cycles
 from .distributed import leaders_seconds
-from .drafter import Drafter, check_fit
+from .drafter import Drafter
 from .options import DecodeOptions
+from .pair import Pair
+from .plan import new_policy
+from .policy import BlockSizePolicy, Width
+from .sequence import Sequence as DecodeSequence
 from .stats import GenerationStats
-from .targets import make_target
+from .text import TokenText, as_tokens
+
+#: What `prompt_cache` may be: a sequence (`make_prompt_cache`), or a bare `PromptCache`.
+PromptState = Union[DecodeSequence, PromptCache]
 
 
 @dataclass
@@ -65,9 +70,10 @@ class GenerationResponse:
     stats: Optional[GenerationStats] = None
 
 
-def make_prompt_cache(model: nn.Module, draft_model: Optional[Drafter] = None) -> PromptCache:
-    """A cache to reuse across calls (multi-turn chat)."""
-    return PromptCache(model, draft_model)
+def make_prompt_cache(model: nn.Module, draft_model: Optional[Drafter] = None) -> DecodeSequence:
+    """A sequence to continue across calls (multi-turn chat): its caches, and what it
+    learns of the drafter (the adaptive policy), carried from turn to turn."""
+    return DecodeSequence(PromptCache(model, draft_model))
 
 
 def generate_step(
@@ -77,7 +83,7 @@ def generate_step(
     options: Optional[DecodeOptions] = None,
     *,
     max_tokens: Optional[int] = None,
-    prompt_cache: Optional[PromptCache] = None,
+    prompt_cache: Optional[PromptState] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     stats: Optional[GenerationStats] = None,
     policy: Optional[BlockSizePolicy] = None,
@@ -89,92 +95,53 @@ def generate_step(
     verified. With `draft_model=None` the target decodes alone, one token a cycle.
 
     `options` say how to decode (`DecodeOptions`; keyword `changes` to its fields, as
-    mlx-lm's keyword arguments, are applied on top). An adaptive block size uses
-    `policy` (by default the prompt cache's, which persists across calls that share the
-    cache). Plain steps run one ahead: when the caller stops after a token (EOS, a stop
-    string), the step that feeds it is already queued and stays in the prompt cache
-    (never past `max_tokens`)."""
+    mlx-lm's keyword arguments, are applied on top). The models decode through their
+    `Pair` (`Pair.of`: built once); `prompt_cache` is the sequence continued (a fresh one
+    by default). An adaptive block size uses `policy` (by default the sequence's, which
+    persists across its calls). Plain steps run one ahead: when the caller stops after a
+    token (EOS, a stop string), the step that feeds it is already queued and stays in the
+    prompt cache (never past `max_tokens`)."""
     options = DecodeOptions.of(options, **changes)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
-    limit = options.block_limit(draft_model)
-    cycles, policy, trees = _setup(model, draft_model, options, prompt_cache, policy, limit)
+    pair = Pair.of(model, draft_model, options.use_kernels)
+    sequence = DecodeSequence.of(prompt_cache, pair)
+    plan = sequence.plan(options, pair, policy, max_tokens)
+    cycles = Cycles(pair, sequence.cache, sequence.records(plan), plan)
     stats = stats if stats is not None else GenerationStats()
-    fixed_tree = options.tree_budget if trees and options.tree_budget else None
-    stats.block_size, stats.adaptive, stats.tree_budget = limit, policy is not None, fixed_tree
-    sizes = CycleWidths(policy, limit, draft_model is not None, max_tokens, fixed_tree, trees)
-    clock = _Clock(stats, policy)
-    start = stats.prompt_cached = cycles.cache.reuse(prompt, with_drafter=draft_model is not None)
+    stats.block_size, stats.adaptive, stats.tree_budget = plan.limit, plan.policy is not None, plan.fixed_tree
+    clock = _Clock(stats, plan.policy, cycles.records)
+    cache = sequence.cache
+    start = stats.prompt_cached = cache.reuse(prompt, with_drafter=draft_model is not None)
     done = cycles.prefill(prompt, start, prompt_progress_callback)
     produced = 1
     while True:
         if done.ready:  # a drafted block: its acceptance informs this choice
             clock.charge(done)
-        width = sizes.next(produced)
-        room = cycles.cache.kv_room()
+        width = plan.next(produced)
+        room = plan.kv_room(cache)
         if room is not None and width.size > room:  # the cycle stops where quantization starts
             width = Width(room)
-        size = width.size
         # Queue the next plain step on the lazy token before reading it (unless the caller
         # stops here at max_tokens): the host sync then overlaps the next step's compute.
-        nxt = cycles.plain(done) if sizes.run_ahead(size, produced) else None
+        nxt = cycles.plain(done) if plan.run_ahead(width.size, produced) else None
         if not done.ready:
             cycles.read(done)
             clock.charge(done)
-        stats.draft_cache_tokens, stats.draft_cache_bytes = cycles.cache.draft_memory()
+        stats.draft_cache_tokens, stats.draft_cache_bytes = cache.draft_memory()
         with clock.paused():
             yield done.tokens, done.accepted, done.logprobs
-        if nxt is None and width.tree:
-            nxt = cycles.tree(done.last, width.nodes, *sizes.depths(produced, width.nodes))
-        elif nxt is None:
-            nxt = cycles.plain(done) if size == 1 else cycles.speculate(done.last, size)
+        if nxt is None:
+            nxt = cycles.run(done, width, *plan.depths(produced, width.nodes))
         produced += len(nxt.tokens) if nxt.ready else 1
         done = nxt
-
-
-def _setup(
-    model: nn.Module,
-    draft_model: Optional[Drafter],
-    options: DecodeOptions,
-    cache: Optional[PromptCache],
-    policy: Optional[BlockSizePolicy],
-    limit: int,
-) -> tuple[Cycles, Optional[BlockSizePolicy], bool]:
-    """The target adapter, the cache and the block-size policy (at most `limit`) of one
-    generation, checked against each other. Returns the cycles, the policy (None for a
-    fixed block size or tree budget) and whether cycles may be trees."""
-    target = make_target(model, draft_model.config.target_layer_ids if draft_model else ())
-    target.use_kernels(options.use_kernels)
-    if draft_model is not None:
-        check_fit(
-            draft_model.config,
-            num_layers=target.num_layers,
-            hidden_size=target.hidden_size,
-            vocab_size=target.vocab_size,
-        )
-    cache = cache if cache is not None else PromptCache(model, draft_model)
-    cache.use_drafter(draft_model)
-    cache.quantize_with(options)
-    cache.bound_drafter(options)
-    trees = draft_model is not None and options.tree_budget != 0 and target.supports_trees(cache.target)
-    if options.adaptive(draft_model) and not (trees and options.tree_budget):
-        default = TreePolicy(limit) if trees else BlockSizePolicy(limit)
-        policy = cache.policy = policy or cache.policy or default
-        policy.start()
-    else:
-        policy = None
-    full_blocks = policy is not None
-    cycles = Cycles(target, draft_model, cache, options.sampling(), options.profile, full_blocks, options.lookup)
-    return cycles, policy, trees
 
 
 def make_policy(model: nn.Module, draft_model: Drafter, trees: bool = True) -> BlockSizePolicy:
     """A fresh adaptive policy to carry across calls (`policy=`): a `TreePolicy` (plain
     steps, chains and draft trees: what the loop makes by default) where the target has
     trees and `trees` is on, else the chain-only `BlockSizePolicy`."""
-    B = draft_model.config.block_size
-    trees = trees and make_target(model).supports_trees(make_target_cache(model))
-    return TreePolicy(B) if trees else BlockSizePolicy(B)
+    return new_policy(Pair.of(model, draft_model), trees)
 
 
 class _Clock:
@@ -183,20 +150,23 @@ class _Clock:
     (charged to the cycle read next); on a GPU the read waits for it. The caller's time
     between a yield and the resume is skipped (`paused`)."""
 
-    def __init__(self, stats: GenerationStats, policy: Optional[BlockSizePolicy]):
-        self.stats, self.policy = stats, policy
+    def __init__(self, stats: GenerationStats, policy: Optional[BlockSizePolicy], records: Records):
+        self.stats, self.policy, self.records = stats, policy, records
         self.mark = time.perf_counter()
 
     def charge(self, cycle: Cycle) -> None:
-        """Charge a finished cycle to the stats and the policy (the prefill: prompt_time)."""
+        """Charge a finished cycle to the stats and teach the records (the prefill:
+        prompt_time). A chain that verified prompt lookup's guess taught the lookup's
+        record already, and is neither the drafter's outcome nor its width's cost."""
         now = time.perf_counter()
         seconds, self.mark = now - self.mark, now
         if cycle.size == 0:
             self.stats.prompt_time = seconds
             return
-        if self.policy is not None:  # under mlx.launch every rank adapts to rank 0's times
-            width = Width(cycle.size, cycle.tree)
-            self.policy.update_width(width, cycle.accepted, leaders_seconds(seconds), cycle.chain)
+        if not cycle.guessed and self.policy is not None:  # under mlx.launch every rank adapts to rank 0's times
+            self.policy.update_width(cycle.width, cycle.accepted, leaders_seconds(seconds), cycle.chain)
+        elif not cycle.guessed:
+            self.records.drafts.learn(*cycle.shown)
         self.stats.draft_time += cycle.drafting
         self.stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
         self.stats.record(cycle.size, cycle.accepted, cycle.tree, cycle.guessed)
@@ -211,64 +181,6 @@ class _Clock:
             self.mark += time.perf_counter() - paused
 
 
-class _StopStrings:
-    """Holds back text that could be the start of a stop string."""
-
-    def __init__(self, stop: Sequence[str]):
-        self.stop = [s for s in stop if s]
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.text = ""
-        self.sent = 0
-
-    def push(self, segment: str) -> tuple[str, bool]:
-        """Add text; return (text safe to emit, whether a stop string was hit)."""
-        self.text += segment
-        hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
-        if hits:
-            out, self.sent = self.text[self.sent : min(hits)], len(self.text)
-            return out, True
-        end = max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent : end], end
-        return out, False
-
-    def flush(self) -> str:
-        out, self.sent = self.text[self.sent :], len(self.text)
-        return out
-
-
-class _Text:
-    """The text a stream of tokens adds, token by token, as mlx-lm gives it: EOS is
-    yielded but adds no text, and text that could start a stop string waits."""
-
-    def __init__(self, tokenizer: TokenizerWrapper, stop: Sequence[str], max_tokens: int):
-        self.detokenizer = tokenizer.detokenizer
-        self.detokenizer.reset()
-        self.stops, self.eos, self.max_tokens = _StopStrings(stop), tokenizer.eos_token_ids, max_tokens
-
-    def push(self, token: int, n: int) -> tuple[str, Optional[str]]:
-        """The text that token number `n` (from 1) releases, and the finish reason where the
-        stream ends with it ("stop": EOS or a stop string, "length": `max_tokens`)."""
-        eos = token in self.eos
-        if not eos:
-            self.detokenizer.add_token(token)
-        last = eos or n == self.max_tokens
-        if last:
-            self.detokenizer.finalize()
-        text, hit = self.stops.push(self.detokenizer.last_segment)
-        if last and not hit:
-            text += self.stops.flush()
-        return text, "stop" if hit or eos else "length" if last else None
-
-
-def _as_tokens(tokenizer: TokenizerWrapper, prompt: Union[str, Sequence[int], mx.array]) -> list[int]:
-    if isinstance(prompt, str):
-        bos = tokenizer.bos_token
-        return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
-    if isinstance(prompt, mx.array):
-        return prompt.tolist()
-    return list(prompt)
-
-
 def stream_generate(
     model: nn.Module,
     tokenizer,
@@ -278,7 +190,7 @@ def stream_generate(
     *,
     max_tokens: int = 256,
     stop: Sequence[str] = (),
-    prompt_cache: Optional[PromptCache] = None,
+    prompt_cache: Optional[PromptState] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     policy: Optional[BlockSizePolicy] = None,
     **changes,
@@ -289,17 +201,18 @@ def stream_generate(
     to decode; as in mlx-lm, its fields may also be given as keywords (`temp=0.7`,
     `block_size=8`, `kernels=False`, ...), applied on top. An adaptive block size
     (`block_size=None`) is chosen every cycle (see `BlockSizePolicy`; pass `policy` to
-    carry one across calls, or a `prompt_cache`, which keeps its own). The last response
+    carry one across calls, or a `prompt_cache` from `make_prompt_cache`, which keeps
+    its own). The last response
     has a `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens);
     every response's `stats` holds tau, the accepted-length histogram, timings and tokens/s.
     """
     options = DecodeOptions.of(options, **changes)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    tokens = _as_tokens(tokenizer, prompt)
+    tokens = as_tokens(tokenizer, prompt)
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-    text = _Text(tokenizer, stop, max_tokens)
+    text = TokenText(tokenizer, stop, max_tokens)
     stats = GenerationStats()
     steps = generate_step(
         tokens,

@@ -182,5 +182,3 @@ class TreePolicy(BlockSizePolicy):
         rival_cost = self.width_cost(rival, costs)
         lost = max(0.0, cost - self.expected(width) * rival_cost / self.expected(rival))
         self.tree_wait = min(self.backoff * self.tree_wait, max(1, math.ceil(lost / (self.tree_explore * rival_cost))))
-
-

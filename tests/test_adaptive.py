@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from dflash_mlx.adaptive import BlockSizePolicy, default_cost_model
+from dflash_mlx.policy import BlockSizePolicy, default_cost_model
 
 
 def cpu_cost(b: int) -> float:
@@ -140,11 +140,12 @@ def test_censored_positions_are_not_counted():
     """A block of 3 that rejects draft 1 says nothing about draft 2."""
     policy = BlockSizePolicy(4)
     policy.update(3, 0, 1.0)
-    assert policy.trials[1:] == [1.0, 0.0, 0.0] and policy.hits[1] == 0.0
+    assert policy.drafts.trials[1:] == [1.0, 0.0, 0.0] and policy.drafts.hits[1] == 0.0
     policy.update(4, 1, 1.0)  # draft 1 accepted, draft 2 rejected, draft 3 unseen
-    assert policy.trials[1:] == [policy.memory + 1, 1.0, 0.0] and policy.hits[1:] == [1.0, 0.0, 0.0]
+    drafts = policy.drafts
+    assert drafts.trials[1:] == [drafts.memory + 1, 1.0, 0.0] and drafts.hits[1:] == [1.0, 0.0, 0.0]
     policy.update(4, 3, 1.0)  # all accepted
-    assert policy.hits[3] == 1.0 and policy.trials[3] == 1.0
+    assert policy.drafts.hits[3] == 1.0 and policy.drafts.trials[3] == 1.0
 
 
 def test_unseen_positions_fade_to_the_prior():

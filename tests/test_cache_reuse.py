@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
-from dflash_mlx import make_prompt_cache, stream_generate
+from dflash_mlx import PromptCache, stream_generate
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.targets import make_target
 from test_lossless import BLOCK, PROMPTS, ScriptedPolicy, chat, drafter_config, ours
@@ -22,7 +22,7 @@ def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):
     mx.random.seed(3)
     drafter = Drafter(drafter_config())
     mx.eval(drafter.parameters())
-    cache = make_prompt_cache(model, drafter)
+    cache = PromptCache(model, drafter)
     prompt = chat(tokenizer, PROMPTS[4])
     policy = ScriptedPolicy([1, 3, 1, 1, BLOCK, 2, 1])
     *_, last = stream_generate(model, tokenizer, prompt, drafter, max_tokens=40, prompt_cache=cache, policy=policy)
@@ -49,7 +49,7 @@ def test_multi_turn_cache_reuse_is_lossless(default_model, block_size):
     mx.random.seed(2)
     drafter = Drafter(drafter_config())
     mx.eval(drafter.parameters())
-    cache = make_prompt_cache(model, drafter)
+    cache = PromptCache(model, drafter)
     messages = [{"role": "user", "content": PROMPTS[2]}]
     first = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     reply = "".join(

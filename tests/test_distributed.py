@@ -223,7 +223,7 @@ def tiny_pair(family: str, tokenizer_dir: Path, tmp_path: Path) -> tuple[Path, P
 def run(model_dir: Path, drafter, sharding) -> dict:
     """Greedy and seeded (T = 1) DFlash tokens and the captured features of the prompt."""
     from dflash_mlx import generate_step, load
-    from dflash_mlx.speculative import make_target_cache
+    from mlx_lm.models.cache import make_prompt_cache as make_target_cache
     from dflash_mlx.targets import make_target
 
     model, tokenizer = load(str(model_dir), sharding=sharding)

@@ -27,7 +27,8 @@ import pytest
 
 from dflash_mlx.defaults import shipped_drafter_dir
 from dflash_mlx.drafters import load_drafter_dir
-from dflash_mlx.lookup import GuessRecord, chain_guess, expected_hits, lookup
+from dflash_mlx.acceptance import Acceptance, GuessRecord, Records
+from dflash_mlx.lookup import lookup
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import build_tree
@@ -159,14 +160,19 @@ def test_a_guess_below_the_block_commits_more_than_a_block(default_model):
 
 
 def test_a_chain_takes_the_guess_only_where_its_record_promises_more():
+    """The lookup's record against the drafter's (the one acceptance model the policies read)."""
     fresh, sure, unsure = GuessRecord(), GuessRecord(hits=19.0, tries=20.0), GuessRecord(hits=1.0, tries=20.0)
-    assert expected_hits(0.5, 3) == pytest.approx(0.875) and expected_hits(0.9, 0) == 0
-    assert chain_guess([4, 5, 6], 3, fresh, fresh) == []  # even odds: the drafter keeps its chain
-    assert chain_guess([4, 5, 6, 7, 8], 3, sure, fresh) == [4, 5, 6]  # at most the chain's drafts
-    assert chain_guess([4, 5, 6], 3, unsure, fresh) == []
-    assert chain_guess([4], 7, sure, unsure) == [4]  # one likely token beats seven unlikely ones
-    assert chain_guess([4], 7, sure, fresh) == []  # ... not seven coin flips (0.91 < 0.99)
-    assert chain_guess([], 3, sure, unsure) == []
+    assert fresh.expected(3) == pytest.approx(0.875) and sure.expected(0) == 0
+    even, missing = Acceptance(8), Acceptance(8)
+    for _ in range(20):
+        missing.learn(8, 0)  # draft 1 always rejected
+    assert even.expected(4) - 1 == pytest.approx(0.875)  # before any chain: even odds at each draft
+    assert Records(even, fresh).chain_guess([4, 5, 6], 3) == []  # even odds: the drafter keeps its chain
+    assert Records(even, sure).chain_guess([4, 5, 6, 7, 8], 3) == [4, 5, 6]  # at most the chain's drafts
+    assert Records(even, unsure).chain_guess([4, 5, 6], 3) == []
+    assert Records(missing, sure).chain_guess([4], 7) == [4]  # one likely token beats seven unlikely ones
+    assert Records(even, sure).chain_guess([4], 7) == []  # ... not seven coin flips (0.91 < 0.99)
+    assert Records(missing, sure).chain_guess([], 3) == []
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3_5", "gpt_oss"])

@@ -15,8 +15,9 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from dflash_mlx import make_prompt_cache, stream_generate
-from dflash_mlx.adaptive import BlockSizePolicy, TreePolicy, Width
+from dflash_mlx import PromptCache, stream_generate
+from dflash_mlx.policy import BlockSizePolicy, Width
+from dflash_mlx.tree_policy import TreePolicy
 from conftest import smollm2_drafter_config
 from test_tree_policy import rows_cost
 from dflash_mlx.drafter import Drafter, DrafterConfig
@@ -311,7 +312,7 @@ def test_pipelined_plain_steps_end_exactly(default_model, references, with_draft
     sizes = [1, 1, 1, 1, 1, 1, 3]  # long runs of plain steps, and a drafted block now and then
     for text, (prompt, ref) in list(references.items())[:4]:
         drafter = ScriptedDrafter(prompt + ref, lambda c, k: k == 2) if with_drafter else None
-        cache = make_prompt_cache(model, drafter)
+        cache = PromptCache(model, drafter)
         kw = dict(prompt_cache=cache, policy=ScriptedPolicy(sizes))
         got, responses = ours(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, **kw)
         assert got == ref, text
@@ -326,7 +327,7 @@ def test_pipelined_plain_steps_end_exactly(default_model, references, with_draft
     full = tokenizer.decode([t for t in ref if t not in tokenizer.eos_token_ids])
     stop = full[10:14]
     drafter = ScriptedDrafter(prompt + ref, lambda c, k: True) if with_drafter else None
-    cache = make_prompt_cache(model, drafter)
+    cache = PromptCache(model, drafter)
     _, responses = ours(
         model,
         tokenizer,

@@ -28,8 +28,8 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from mlx_lm.models.cache import trim_prompt_cache
 
-from dflash_mlx import make_prompt_cache, stream_generate
-from dflash_mlx.adaptive import BlockSizePolicy
+from dflash_mlx import PromptCache, stream_generate
+from dflash_mlx.policy import BlockSizePolicy
 from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
@@ -154,7 +154,7 @@ def _sample_pairs(setup, drafter, n: int, seed: int, policy=None, **sampling) ->
     the prompt prefilled. Fixed blocks of 2 (a one-cycle, two-token generation), or with
     `policy` adaptive (three tokens, so that the first cycle may be a block of 2)."""
     model, tokenizer, prompt, _, _ = setup
-    cache = make_prompt_cache(model, drafter)
+    cache = PromptCache(model, drafter)
     pairs, from_draft = [], []
     for i in range(n):
         r = list(
@@ -181,7 +181,7 @@ def _sample_pairs(setup, drafter, n: int, seed: int, policy=None, **sampling) ->
 def _assert_same_as_target_alone(setup, pairs, seed: int, count: int = 24, **sampling) -> None:
     """The first `count` generations equal the target decoding alone with the same seeds."""
     model, tokenizer, prompt, _, _ = setup
-    cache = make_prompt_cache(model)
+    cache = PromptCache(model)
     for i, pair in enumerate(pairs[:count]):
         r = stream_generate(
             model, tokenizer, prompt, None, max_tokens=2, prompt_cache=cache, seed=seed * 10_000 + i, **sampling

@@ -25,7 +25,7 @@ from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
-from dflash_mlx import make_prompt_cache
+from dflash_mlx import PromptCache
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.rollback import Checkpoint
 from dflash_mlx.speculative import generate_step
@@ -151,7 +151,7 @@ def test_multi_turn_reuse(family, kind):
         drafter = random_drafter(target, 7)
     else:  # one drafter for every turn (a new one would reset the drafter's context)
         drafter = ScriptedDrafter(target, [], lambda c, k: PATTERNS[c % len(PATTERNS)](k))
-    cache = make_prompt_cache(model, drafter)
+    cache = PromptCache(model, drafter)
     recurrent = any(isinstance(c, ArraysCache) for c in cache.target)
     rotating = any(isinstance(c, RotatingKVCache) for c in cache.target)
     prompt, reply, cached = prompt_of(WINDOW + 4, 11), [], []

@@ -13,7 +13,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from dflash_mlx import make_prompt_cache
+from dflash_mlx import PromptCache
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
 from test_sampling import MIN_EXPECTED, assert_fits
@@ -68,7 +68,7 @@ def _cell(sample: tuple, cells: dict) -> tuple:
 def test_three_tokens_through_rollbacks_follow_the_target():
     model = tiny_target("qwen3_5", seed=3, scale=3.0)
     drafter = random_drafter(make_target(model), 8)
-    cache = make_prompt_cache(model, drafter)
+    cache = PromptCache(model, drafter)
     mx.random.seed(4)
     samples, stats = [], GenerationStats()
     for _ in range(SAMPLES):

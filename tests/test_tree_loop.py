@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
-from dflash_mlx.adaptive import TreePolicy, Width
+from dflash_mlx.policy import Width
+from dflash_mlx.tree_policy import TreePolicy
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import probabilities
 from dflash_mlx.speculative import GenerationStats, generate_step
@@ -109,16 +110,15 @@ def test_the_default_policy_weighs_trees(family):
     CPU it is measured as fast as the chain policy, BENCHMARKS.md), mlx-lm's greedy tokens;
     `make_policy` makes the same, or the chain policy with `trees=False`."""
     from dflash_mlx import speculative
-    from dflash_mlx.adaptive import BlockSizePolicy
-    from dflash_mlx.cache import PromptCache
+    from dflash_mlx.policy import BlockSizePolicy
 
     name, model, target = family
     prompt = prompt_of(9, 4)
     ref = reference(model, prompt, 24)
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2])
-    cache = PromptCache(model, drafter)
-    assert run(model, prompt, drafter, 24, prompt_cache=cache)[0] == ref, name
-    assert type(cache.policy) is TreePolicy is type(speculative.make_policy(model, drafter))
+    sequence = speculative.make_prompt_cache(model, drafter)
+    assert run(model, prompt, drafter, 24, prompt_cache=sequence)[0] == ref, name
+    assert type(sequence.policy) is TreePolicy is type(speculative.make_policy(model, drafter))
     assert type(speculative.make_policy(model, drafter, trees=False)) is BlockSizePolicy
 
 

@@ -1,4 +1,4 @@
-"""The adaptive policy with draft trees (`adaptive.TreePolicy`) on synthetic streams (no MLX):
+"""The adaptive policy with draft trees (`tree_policy.TreePolicy`) on synthetic streams (no MLX):
 a chain of b accepts each draft with a conditional probability; a tree of n nodes accepts
 each depth with a higher one (more candidates per depth); each width costs what its rows
 cost on a CPU-shaped curve. The policy sees only what the loop would show it."""
@@ -11,7 +11,9 @@ from collections import Counter
 
 import pytest
 
-from dflash_mlx.adaptive import BlockSizePolicy, CycleWidths, TreePolicy, Width, tree_prior
+from dflash_mlx.plan import Plan
+from dflash_mlx.policy import BlockSizePolicy, Width
+from dflash_mlx.tree_policy import TreePolicy, tree_prior
 
 B = 8
 
@@ -71,12 +73,12 @@ def test_width_names_and_limits():
 
 
 def test_a_trees_depth_goes_as_far_as_its_nodes_and_max_tokens():
-    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=None)  # below the block: the guess's room
+    widths = Plan(B, B, TreePolicy(B), None, True, max_tokens=None)  # below the block: the guess's room
     assert [widths.depths(0, n) for n in (1, 4, 16)] == [(1, 1), (4, 4), (16, B - 1)]
-    widths = CycleWidths(TreePolicy(B), B, True, max_tokens=20)  # a cycle commits at most depth + 1
+    widths = Plan(B, B, TreePolicy(B), None, True, max_tokens=20)  # a cycle commits at most depth + 1
     assert [widths.depths(p, 16)[0] for p in (0, 10, 17, 19, 20)] == [16, 9, 2, 1, 1]
     assert [widths.depths(p, 16)[1] for p in (0, 10, 17, 19, 20)] == [B - 1, B - 1, 2, 1, 1]
-    assert CycleWidths(None, 4, True, None, fixed_tree=16).depths(0, 16) == (16, 3)  # a smaller block
+    assert Plan(4, B, None, 16, True, None).depths(0, 16) == (16, 3)  # a smaller block
 
 
 def test_chain_choices_are_the_chain_policys():

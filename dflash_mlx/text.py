@@ -1,0 +1,73 @@
+"""The text a stream of tokens adds, as mlx-lm's `stream_generate` gives it.
+
+`TokenText` turns tokens into text segments token by token (EOS is yielded but adds no
+text; text that could start a stop string waits, `StopStrings`); `as_tokens` reads a
+prompt given as text, token ids or an array.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import mlx.core as mx
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+class StopStrings:
+    """Holds back text that could be the start of a stop string."""
+
+    def __init__(self, stop: Sequence[str]):
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""
+        self.sent = 0
+
+    def push(self, segment: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit, whether a stop string was hit)."""
+        self.text += segment
+        hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
+        if hits:
+            out, self.sent = self.text[self.sent : min(hits)], len(self.text)
+            return out, True
+        end = max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent : end], end
+        return out, False
+
+    def flush(self) -> str:
+        """All the text held back (the stream ended without a stop string)."""
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
+
+
+class TokenText:
+    """The text a stream of tokens adds, token by token, as mlx-lm gives it: EOS is
+    yielded but adds no text, and text that could start a stop string waits."""
+
+    def __init__(self, tokenizer: TokenizerWrapper, stop: Sequence[str], max_tokens: int):
+        self.detokenizer = tokenizer.detokenizer
+        self.detokenizer.reset()
+        self.stops, self.eos, self.max_tokens = StopStrings(stop), tokenizer.eos_token_ids, max_tokens
+
+    def push(self, token: int, n: int) -> tuple[str, Optional[str]]:
+        """The text that token number `n` (from 1) releases, and the finish reason where the
+        stream ends with it ("stop": EOS or a stop string, "length": `max_tokens`)."""
+        eos = token in self.eos
+        if not eos:
+            self.detokenizer.add_token(token)
+        last = eos or n == self.max_tokens
+        if last:
+            self.detokenizer.finalize()
+        text, hit = self.stops.push(self.detokenizer.last_segment)
+        if last and not hit:
+            text += self.stops.flush()
+        return text, "stop" if hit or eos else "length" if last else None
+
+
+def as_tokens(tokenizer: TokenizerWrapper, prompt: Union[str, Sequence[int], mx.array]) -> list[int]:
+    """The prompt's token ids (text is encoded, with BOS unless it starts with it)."""
+    if isinstance(prompt, str):
+        bos = tokenizer.bos_token
+        return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+    if isinstance(prompt, mx.array):
+        return prompt.tolist()
+    return list(prompt)
