@@ -169,14 +169,14 @@ class Cycles:
 
     def speculate(self, token: int, size: int) -> Cycle:
         """Draft `size - 1` tokens after `token` (the first ones of the block `Plan.draft_block`
-        says), or take prompt lookup's guess where it promises more; verify them, keep the
-        accepted prefix."""
+        says), or take prompt lookup's guess where it promises more (never in a probe);
+        verify them, keep the accepted prefix."""
         cache, target = self.cache, self.target
         cache.flush()
         # The drafter and the verify choose block positions 1.. with the same draws.
         draws = self.plan.sampling.draws(len(cache.tokens) + 1)
         found = self._lookup(token, size - 1)
-        guess = self.records.chain_guess(found, size - 1)
+        guess = [] if self.plan.probing else self.records.chain_guess(found, size - 1)
         if guess:
             drafts, drafting, size = mx.array(guess), 0.0, len(guess) + 1
         else:
