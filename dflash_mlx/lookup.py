@@ -9,17 +9,15 @@ the target verifies it like any draft, so the output does not change, only how m
 tokens a cycle commits. It helps where the small drafter is weakest: on the shipped
 SmolLM2 pair, held-out chat and code. A chain cycle (the only kind where a target has
 recurrent or sliding-window layers, or is sharded) verifies the guess in place of the
-drafter's drafts when the records say it will keep more (`chain_guess`).
+drafter's drafts when the records say it will keep more (`acceptance.Records.chain_guess`).
 
 How much a guessed token is worth against the drafter's candidates depends on the text:
-code repeats itself more than math does. `GuessRecord` keeps a decayed count of how often
-the guesses turned out right and scores the next guess by it.
+code repeats itself more than math does. `acceptance.GuessRecord` keeps a decayed count of
+how often the guesses turned out right and scores the next guess by it.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -44,49 +42,3 @@ def lookup(context: Sequence[int] | np.ndarray, k: int, max_ngram: int = MAX_NGR
             follow = int(hits[-1]) + n
             return ctx[follow : follow + k].tolist()
     return []
-
-
-@dataclass
-class GuessRecord:
-    """How often guessed tokens were right, recent cycles weighing most: `probability` is
-    (hits + 1) / (tries + 2) over counts that decay by `decay` each cycle (1/2 before any)."""
-
-    hits: float = 0.0
-    tries: float = 0.0
-    decay: float = 0.95
-
-    @property
-    def probability(self) -> float:
-        return (self.hits + 1) / (self.tries + 2)
-
-    @property
-    def logprob(self) -> float:
-        return math.log(self.probability)
-
-    def observe(self, guess: Sequence[int], committed: Sequence[int]) -> None:
-        """Count one cycle: a guessed token was tried if the committed tokens (the target's
-        own choices) reach it and match every guessed token before it. Cycles without a
-        guess leave the record as it is."""
-        if not len(guess):
-            return
-        self.hits *= self.decay
-        self.tries *= self.decay
-        for want, got in zip(guess, committed):
-            self.tries += 1
-            if want != got:
-                break
-            self.hits += 1
-
-
-def expected_hits(probability: float, n: int) -> float:
-    """Expected right tokens of a chain of `n` guesses, each right with `probability`
-    given that the ones before it were (a wrong one ends the chain)."""
-    return sum(probability**k for k in range(1, n + 1))
-
-
-def chain_guess(guess: Sequence[int], drafts: int, guesses: GuessRecord, drafter: GuessRecord) -> list[int]:
-    """The guess, where verifying it (at most `drafts` tokens) is expected to keep more
-    tokens than the drafter's `drafts` would, by each one's record; else []."""
-    guess = list(guess[:drafts])
-    keep = expected_hits(guesses.probability, len(guess)) > expected_hits(drafter.probability, drafts)
-    return guess if guess and keep else []

@@ -1,10 +1,11 @@
 """`DecodeOptions`: how one generation decodes, checked once, in one place.
 
 The `dflash` command, the chat, the server's request parser and the Python API each
-build one `DecodeOptions` and hand it down to `generate_step`; nothing below re-checks
-or re-defaults a field. Every field carries its rule next to its default, and a bad
-value raises `OptionError`, one line naming the field (`one_line` shows it on the
-command line; the server answers 400 with it). Adding an option is one line here.
+build one `DecodeOptions` and hand it down to `generate_step`, whose `plan.Plan` reads it
+once per generation (the block size and the tree budget there alone). Every field carries
+its rule next to its default, and a bad value raises `OptionError`, one line naming the
+field (`one_line` shows it on the command line; the server answers 400 with it). Adding
+an option is one line here.
 """
 
 from __future__ import annotations

@@ -62,8 +62,9 @@ class Target:
         return self
 
     def tune_kernels(self) -> None:
-        """With kernels on, on a Mac: time each kernel against MLX's op for this model's
-        shapes (once per chip, MLX version and model; kernels/choice.py) and keep the faster."""
+        """With kernels on, on a Mac: check each kernel's output against MLX's op on this
+        model's shapes and time both (once per chip, MLX version and model; kernels/choice.py);
+        a kernel runs only where it matched and was faster."""
         if self.kernels:
             self.kernel_choice = tune(self.layers, self.body.embed_tokens if self.tied else self.lm.lm_head)
 

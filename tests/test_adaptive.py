@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from dflash_mlx.policy import BlockSizePolicy, default_cost_model
+from dflash_mlx.tree_policy import TreePolicy
 
 
 def cpu_cost(b: int) -> float:
@@ -199,3 +200,45 @@ def test_a_new_generation_probes_at_once():
     assert policy.wait > 4
     policy.start()
     assert policy.choose() == 2 and policy.probe == (2, 1)
+
+
+def generations(policy, accept, cost, count: int, tokens: int, rng: random.Random) -> list[list[tuple]]:
+    """`count` generations of `tokens` tokens each through one policy, as a chat or a bench
+    runs them (`start` before each): (width, accepted drafts) per cycle, per generation.
+    accept(k): P(draft k accepted | drafts < k accepted), for chains and trees alike."""
+    out = []
+    for _ in range(count):
+        policy.start()
+        produced, cycles = 1, []
+        while produced < tokens:
+            w = policy.choose_width(tokens - produced)
+            depth = min(w.size, policy.max_size) - 1
+            a = 0
+            while a < depth and rng.random() < accept(a + 1):
+                a += 1
+            policy.update_width(w, a, cost(w), (min(a + 2, depth + 1), a) if w.tree else None)
+            cycles.append((w, a))
+            produced += a + 1
+        out.append(cycles)
+    return out
+
+
+def table_cost(width) -> float:
+    """A fixed cost table (no clock): a plain step 1, a drafted cycle 1.6 + 0.055 per row verified."""
+    return 1.0 if width.size == 1 else 1.6 + 0.055 * width.size
+
+
+@pytest.mark.parametrize("policy_class", [BlockSizePolicy, TreePolicy])
+def test_the_default_policy_settles_on_plain_steps_for_a_useless_drafter(policy_class):
+    """A random (untrained) drafter, whose drafts are never accepted, through the default
+    policy over a bench's worth of 64-token generations: plain steps, and what its probes
+    cost keeps it within 4% of plain decoding (a new generation probes once, not a whole
+    schedule over). The same policy on a drafter that pays settles on wide blocks."""
+    never = generations(policy_class(16), lambda k: 0.0, table_cost, 30, 64, random.Random(9))
+    cycles = [c for g in never for c in g]
+    rate = sum(a + 1 for _, a in cycles) / sum(table_cost(w) for w, _ in cycles)
+    assert rate >= 0.96, rate  # restarting the probe schedule at every generation: 0.949 (trees), 0.957
+    assert Counter(w.size for w, _ in never[-1])[1] >= 0.9 * len(never[-1])
+    good = generations(policy_class(16), lambda k: 0.9, table_cost, 10, 64, random.Random(10))
+    late = Counter(w.size for g in good[5:] for w, _ in g)
+    assert late[1] <= 0.1 * sum(late.values()) and max(late, key=late.get) >= 6, late

@@ -1,9 +1,11 @@
-"""Kernels only where they win (dflash_mlx/kernels/choice.py, tune.py), off a Mac.
+"""Kernels only where they were checked and win (dflash_mlx/kernels/choice.py, tune.py), off a Mac.
 
-The timing itself needs Metal; the decision does not. With a fake timer (scripted
-seconds per step, nothing run) the faster side is kept per (shape, rows), the choice is
-cached per chip, MLX version and model and read back instead of timed again, and the
-pairs are built from a real quantized mlx-lm target's own shapes at the loop's sizes.
+The timing and the kernels' own outputs need Metal; the decision does not. With a fake
+timer (scripted seconds per step, nothing run) and a fake check, the faster side is kept
+per (shape, rows), the choice is cached per chip, MLX version and model and read back
+instead of timed again, and the pairs are built from a real quantized mlx-lm target's own
+shapes at the loop's sizes. The real check runs on steps that are MLX's own ops: a kernel
+whose output differs loses, however fast, and a shape nobody checked runs MLX's op.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def fake_timer(step: choice.Step) -> float:
         return 2.0
     rows = int(step.key.rsplit("M", 1)[1]) if step.key.startswith("qmm") else int(step.key.rsplit("T", 1)[1])
     return 1.0 if rows <= WINS_UP_TO else 3.0
+
+
+def passing_check(custom: choice.Step, own: choice.Step) -> dict:
+    """A check that passes without running anything (the kernel side needs Metal)."""
+    return {"same_argmax": True, "max_abs_diff": 0.0, "bound": 1e-4, "passed": True}
 
 
 def refusing_timer(step: choice.Step) -> float:
@@ -61,35 +68,35 @@ def test_pairs_cover_the_targets_shapes_at_the_loops_sizes(quantized_llama):
 
 def test_faster_side_is_kept_per_shape_and_rows(quantized_llama):
     pairs = tune.qmm_pairs(tune.decoder.projections(quantized_llama.model.layers[0]))
-    timings = choice.decide(pairs, fake_timer)
+    timings = choice.decide(pairs, fake_timer, passing_check)
     choice.adopt(timings)
     for custom, _ in pairs:
         rows = int(custom.key.rsplit("M", 1)[1])
         assert choice.kernel_wins(custom.key) is (rows <= WINS_UP_TO), custom.key
         assert timings[custom.key]["mlx_s"] == 2.0
-    assert choice.kernel_wins("qmm 7x64 4b g32 float32 M3")  # nothing timed: the kernel, as before
+    assert not choice.kernel_wins("qmm 7x64 4b g32 float32 M3")  # nothing checked: MLX's op
 
 
 def test_choice_is_cached_per_machine_and_model(quantized_llama, tmp_path):
     layer = quantized_llama.model.layers[0]
     pairs = tune.qmm_pairs(tune.decoder.projections(layer))
-    first = choice.load_or_time(pairs, fake_timer)
+    first = choice.load_or_time(pairs, fake_timer, passing_check)
     path = choice.cache_path([custom.key for custom, _ in pairs])
     assert path.is_relative_to(tmp_path / "kernel-choice") and mx.__version__ in path.parent.name
     assert json.loads((path / choice.FILE).read_text()) == first
     choice._chosen.clear()
-    assert choice.load_or_time(pairs, refusing_timer) == first  # read, not timed again
+    assert choice.load_or_time(pairs, refusing_timer, passing_check) == first  # read, not timed again
     assert not choice.kernel_wins(pairs[-1][0].key)  # and adopted
     other = tune.qmm_pairs(tune.decoder.projections(layer)[:1])  # another model: its own entry
     with pytest.raises(AssertionError, match="timed"):
-        choice.load_or_time(other, refusing_timer)
+        choice.load_or_time(other, refusing_timer, passing_check)
 
 
 def test_replay_pairs_for_a_hybrid_target():
     layers = tiny_target("qwen3_5").model.layers
     pairs = tune.replay_pairs(layers)
     assert [int(c.key.rsplit("T", 1)[1]) for c, _ in pairs] == list(tune.REPLAY_TOKENS)
-    choice.adopt(choice.decide(pairs, fake_timer))
+    choice.adopt(choice.decide(pairs, fake_timer, passing_check))
     assert [choice.kernel_wins(c.key) for c, _ in pairs] == [t <= WINS_UP_TO for t in tune.REPLAY_TOKENS]
     pairs[0][1].run()
 
@@ -99,7 +106,7 @@ def test_bench_prints_the_choice(quantized_llama):
     from app.cli.bench.kernels import choice_lines
 
     pairs = tune.qmm_pairs(tune.decoder.projections(quantized_llama.model.layers[0]), rows=range(3, 6))
-    table = "\n".join(choice_lines(choice.decide(pairs, fake_timer)))
+    table = "\n".join(choice_lines(choice.decide(pairs, fake_timer, passing_check)))
     assert table.count("| kernel |") == len(pairs) // 3 * 2 and table.count("| MLX |") == len(pairs) // 3
     assert "nothing to choose here" in "\n".join(choice_lines({}))
 
@@ -111,3 +118,27 @@ def test_off_metal_nothing_is_timed_and_the_fallback_runs(quantized_llama):
     x = mx.random.normal((3, p.scales.shape[1] * 32))
     args = (x, p.weight, p.scales, p.biases, 32, 4)
     assert mx.array_equal(verify_qmm(*args), verify_qmm_reference(*args))
+
+
+def mlx_steps(key: str, error: float) -> tuple[choice.Step, choice.Step]:
+    """A (kernel, MLX) pair whose "kernel" is MLX's own product plus `error` on one output."""
+    x, w = mx.random.normal((4, 64), key=mx.random.key(1)), mx.random.normal((32, 64), key=mx.random.key(2))
+    wrong = mx.zeros((4, 32)).at[2, 5].add(error)
+    custom = choice.Step(key, True, lambda: choice.evaluated(x @ w.T + wrong))
+    return custom, choice.Step(key, False, lambda: choice.evaluated(x @ w.T))
+
+
+def test_a_kernel_runs_only_once_checked_and_faster():
+    """The real check: outputs within the stated bound and the same argmax pass; a kernel
+    off by more (here one output moved far enough to change its row's argmax, then one
+    moved within the argmax but past the bound) is never chosen, even where it is faster;
+    a shape nobody checked runs MLX's op."""
+    good, bad, off = (mlx_steps(f"qmm 32x64 4b g32 float32 M{m}", e) for m, e in ((2, 1e-6), (3, 100.0), (4, 0.5)))
+    timings = choice.decide([good, bad, off], fake_timer)  # the kernel is the faster at M <= 4
+    choice.adopt(timings)
+    assert choice.kernel_wins(good[0].key) and timings[good[0].key]["passed"]
+    assert not timings[bad[0].key]["same_argmax"] and not choice.kernel_wins(bad[0].key)
+    diff, bound = timings[off[0].key]["max_abs_diff"], timings[off[0].key]["bound"]
+    assert diff == pytest.approx(0.5, rel=1e-3) and diff > bound and not choice.kernel_wins(off[0].key)
+    assert not choice.kernel_wins("qmm 32x64 4b g32 float32 M5")  # never checked
+    assert bound == pytest.approx(choice.TOLERANCE["float32"] * float(mx.abs(off[1].run()).max()))

@@ -8,10 +8,13 @@
 * hybrid gated-delta and sliding-window targets fall back to the chain, with no error;
 * sampling at T = 1 with top-p through tree cycles: the first three tokens follow the
   target's own joint distribution (chi-square), with an oracle drafter whose trees hold
-  the target's likely tokens.
+  the target's likely tokens;
+* DFlash2 trees: candidates from the drafter's logits, the chain shown is the selector's.
 """
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
@@ -21,8 +24,10 @@ from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from dflash_mlx.policy import Width
 from dflash_mlx.tree_policy import TreePolicy
-from dflash_mlx.drafter import Drafter
-from dflash_mlx.sampling import probabilities
+from dflash_mlx.cycles import chain_shown
+from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.drafter2 import Drafter2, Drafter2Config
+from dflash_mlx.sampling import SamplingParams, probabilities
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
@@ -237,3 +242,43 @@ def test_sampling_through_trees_follows_the_target():
                 exact[(int(a), int(b), int(c))] = first[a] * second[b] * third[c]
     assert_fits(samples, exact, "first three tokens through tree cycles")
     assert through > runs // 4  # walks accepted drafts in many runs
+
+
+def dflash2_drafter(target: Target, seed: int = 0) -> Drafter2:
+    """A random DFlash2 drafter that fits a tiny target (its selector ranks 8 candidates)."""
+    base = drafter_config(target)
+    mx.random.seed(seed)
+    config = Drafter2Config(
+        **{f.name: getattr(base, f.name) for f in fields(DrafterConfig)},
+        conv_kernel_size=2,
+        conv_group_size=16,
+        selector_rank=8,
+        selector_top_k=8,
+    )
+    drafter = Drafter2(config)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def test_dflash2_trees_use_the_selectors_candidates_and_path():
+    """A DFlash2 tree's candidates are the top tokens of the drafter's logits (the set its
+    selector ranks), and the chain a tree cycle shows the policy is the selector's own path
+    (what a chain cycle verifies), not each position's argmax; output stays mlx-lm's."""
+    model = tiny_target("llama", scale=2.0)
+    drafter, prompt = dflash2_drafter(make_target(model)), prompt_of(6, 5)
+    target = make_target(model, drafter.config.target_layer_ids)
+    ref = reference(model, prompt, 12)
+    policy = AlwaysTree()
+    assert run(model, prompt, drafter, 12, policy=policy, lookup=0)[0] == ref
+    # the first tree cycle, by hand: the drafter's context is the prompt's features
+    cache = drafter.make_cache()
+    drafter.append_context(target.forward(mx.array(prompt)[None], make_target_cache(model))[1], cache)
+    block = mx.array([[ref[0]] + [drafter.config.mask_token_id] * (BLOCK - 1)])
+    draws = SamplingParams().draws(len(prompt) + 1)
+    logits, chain = drafter.candidates(block, cache, target, draws)
+    assert chain.tolist() == drafter.draft(block, cache, target, draws).tolist()
+    assert chain.tolist() != mx.argmax(logits, axis=-1).tolist()  # the selector's path, not the argmax
+    top = mx.argpartition(-logits, 7, axis=-1)[:, :8].tolist()
+    assert all(t in row for t, row in zip(chain.tolist(), top))  # its path runs through the candidates
+    width, accepted, shown = policy.reports[0]
+    assert shown == chain_shown(chain.tolist(), ref[1 : accepted + 2])

@@ -87,7 +87,7 @@ def verify_qmm(
     """x (..., K) with at most 16 rows in all, times the affine-quantized w (N, K * bits / 32)
     transposed: (..., N), the same as `mx.quantized_matmul(x, w, scales, biases)` within
     the dtype's rounding. The Metal kernel runs when `use_kernel` (default: on a Metal GPU
-    where it won the timing for this shape and row count, choice.py); otherwise
+    where it was checked and won for this shape and row count, choice.py); otherwise
     `mx.quantized_matmul` does."""
     check_args(x, w, scales, biases, group_size, bits)
     if use_kernel is None:

@@ -82,8 +82,8 @@ def gated_delta_replay(
     """The recurrent state (B, Hv, Dv, Dk) after replaying the gated delta rule from `state`
     over k (B, T, Hk, Dk) and v (B, T, Hv, Dv) (after conv and norm, as the layer feeds its
     recurrence), with decays g and write strengths beta (B, T, Hv). The Metal kernel runs
-    when `use_kernel` (default: on a Metal GPU, for key sizes it takes, where it won the
-    timing for this shape and T, choice.py); otherwise the MLX-ops reference does.
+    when `use_kernel` (default: on a Metal GPU, for key sizes it takes, where it was checked and won
+    for this shape and T, choice.py); otherwise the MLX-ops reference does.
     T = 0 returns `state`."""
     check_args(state, k, v, g, beta)
     if use_kernel is None:

@@ -4,7 +4,8 @@ For every affine projection `verify_qmm` takes (the layers' and the output head)
 verify sizes the loop runs (decoder.MIN_ROWS..MAX_ROWS rows), and for every gated-delta
 layer the tape path knows at each count of kept tokens a rollback replays (1..15), one
 step runs the custom kernel and one MLX's own op on random inputs of that shape.
-`tune` times them once per chip, MLX version and model (cached) and adopts the choice.
+`tune` checks and times them once per chip, MLX version and model (cached) and adopts the
+choice: a kernel runs only where its output matched MLX's op and it was faster.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import decoder, tape
-from .choice import Step, Timer, load_or_time, median_seconds, qmm_key, replay_key
+from .choice import Step, Timer, evaluated, load_or_time, median_seconds, qmm_key, replay_key
 from .launch import metal_ready
 from .qmm import verify_qmm, verify_qmm_reference
 from .replay import MAX_KEY_DIM, MAX_TOKENS, gated_delta_replay, gated_delta_replay_reference
@@ -36,8 +37,8 @@ def qmm_pairs(modules: list[nn.Module], rows: range = VERIFY_ROWS) -> list[tuple
         for m in rows:
             args = (mx.random.normal((m, k)).astype(dtype), p.weight, p.scales, p.biases, gs, bits)
             key = qmm_key(n, k, bits, gs, dtype, m)
-            custom = Step(key, True, lambda a=args: mx.eval(verify_qmm(*a, use_kernel=True)))
-            pairs.append((custom, Step(key, False, lambda a=args: mx.eval(verify_qmm_reference(*a)))))
+            custom = Step(key, True, lambda a=args: evaluated(verify_qmm(*a, use_kernel=True)))
+            pairs.append((custom, Step(key, False, lambda a=args: evaluated(verify_qmm_reference(*a)))))
     return pairs
 
 
@@ -58,14 +59,14 @@ def replay_pairs(layers: list[nn.Module], tokens: range = REPLAY_TOKENS) -> list
             k, v = mx.random.normal((1, t, hk, dk)).astype(dtype), mx.random.normal((1, t, hv, dv)).astype(dtype)
             g, beta = mx.random.uniform(shape=(1, t, hv)), mx.random.uniform(shape=(1, t, hv)).astype(dtype)
             args, key = (state, k, v, g, beta), replay_key(hk, hv, dv, dk, dtype, t)
-            custom = Step(key, True, lambda a=args: mx.eval(gated_delta_replay(*a, use_kernel=True)))
-            pairs.append((custom, Step(key, False, lambda a=args: mx.eval(gated_delta_replay_reference(*a)))))
+            custom = Step(key, True, lambda a=args: evaluated(gated_delta_replay(*a, use_kernel=True)))
+            pairs.append((custom, Step(key, False, lambda a=args: evaluated(gated_delta_replay_reference(*a)))))
     return pairs
 
 
 def tune(layers: list[nn.Module], head: Optional[nn.Module] = None, timer: Timer = median_seconds) -> dict[str, dict]:
-    """On a Metal GPU, the kernel-or-MLX timings of this target's shapes (cached per chip,
-    MLX version and model) and their choice adopted; elsewhere {} (MLX's ops run anyway)."""
+    """On a Metal GPU, the kernel-or-MLX checks and timings of this target's shapes (cached
+    per chip, MLX version and model) and their choice adopted; elsewhere {} (MLX's ops run)."""
     if not metal_ready():
         return {}
     modules = [p for layer in layers for p in decoder.projections(layer)] + ([head] if head is not None else [])

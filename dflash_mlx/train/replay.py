@@ -95,7 +95,7 @@ def replay_lengths(drafter: Drafter, target: Target, ref: Reference, max_tokens:
     mask, draws = drafter.config.mask_token_id, SamplingParams().draws(0)
     n, produced, lengths = 0, 1, []  # n: index in ref.tokens of the last committed token
     while produced < ref.length:
-        size = max(2, min(block_size, max_tokens - produced))  # as `CycleWidths` shrinks a fixed block
+        size = max(2, min(block_size, max_tokens - produced))  # as `Plan.next` shrinks a fixed block
         block = mx.array([[ref.tokens[n]] + [mask] * (size - 1)])
         drafts = drafter.draft(block, cache, target, draws).tolist()
         truth = ref.tokens[n + 1 : n + size]
