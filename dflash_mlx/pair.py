@@ -46,12 +46,14 @@ class Pair:
 
     @classmethod
     def of(cls, model: nn.Module, drafter: Optional[Drafter] = None, kernels: bool = False) -> "Pair":
-        """The pair of `model` and `drafter`: the one built last when it is theirs (a chat, a
-        server, a benchmark decode through one pair), else a new one, kept for next time."""
-        global _last
-        if _last is None or not _last.same(model, drafter, kernels):
-            _last = cls(model, drafter, kernels)
-        return _last
+        """The pair of `model` and `drafter`: one built recently when it is theirs (a chat,
+        a server, a benchmark decode through one pair, or two: with and without the
+        drafter), else a new one, kept for next time."""
+        found = next((p for p in _recent if p.same(model, drafter, kernels)), None) or cls(model, drafter, kernels)
+        _recent[:] = [found] + [p for p in _recent if p is not found][: RECENT - 1]
+        return found
 
 
-_last: Optional[Pair] = None  # the pair `Pair.of` built last (one: no model outlives its use)
+#: Pairs `Pair.of` keeps (most recently used first): a few, so that no model outlives its use for long.
+RECENT = 4
+_recent: list[Pair] = []
