@@ -18,7 +18,11 @@ maximises expected committed tokens per second:
   current choice is followed by another at once, so that a drafter that improves
   mid-answer is noticed within a few probes of the next one. A new generation probes at
   its first cycle, then keeps the backed-off schedule: a drafter that does not pay costs
-  one probe per answer, not a schedule started over.
+  one probe per answer, not a schedule started over. Probes look up; looking down, while
+  the chosen chain is expected to commit less than 1 + `RECHECK_MARGIN` tokens, a plain
+  step is measured again as often as costs at most `explore` of the tokens (a plain step
+  whose slow samples, such as ones taken while the machine warmed up, made drafts that
+  hardly pay look worth it would otherwise never be measured again).
 
 Draft trees widen the choice (`tree_policy.TreePolicy`); `plan.Plan` turns a policy's
 choice (or a fixed width) into each cycle's width.
@@ -47,6 +51,11 @@ class Width(NamedTuple):
 
     def __str__(self) -> str:
         return f"tree {self.nodes}" if self.tree else "plain" if self.size == 1 else f"chain {self.size}"
+
+
+#: While the chosen chain is expected to commit less than 1 + RECHECK_MARGIN tokens, plain
+#: steps are measured again now and then (see the module docstring).
+RECHECK_MARGIN = 0.25
 
 
 def default_cost_model(max_size: int) -> list[float]:
@@ -90,6 +99,7 @@ class BlockSizePolicy:
         self.since_probe = 0
         self.reach = 1  # how far past the best size the next probe looks
         self.probe: Optional[tuple[int, int]] = None  # (probed size, the size it challenged)
+        self.since_plain = 0  # cycles since the last plain step
 
     def start(self) -> None:
         """A new generation begins: probe at its first cycle (a new prompt may suit the
@@ -140,11 +150,16 @@ class BlockSizePolicy:
         top = min(self.max_size, limit or self.max_size)
         best = self.best(top)
         self.since_probe += 1
+        self.since_plain = 0 if best == 1 else self.since_plain + 1
+        self.probe = None
+        gain = self.drafts.expected(best) - 1  # tokens a cycle of `best` is expected to add to a plain step's
+        if best > 1 and gain < RECHECK_MARGIN and self.since_plain * self.explore >= gain:
+            self.since_plain = 0
+            return 1  # drafts that hardly pay: measure a plain step again (its cost may be a stale sample)
         if best < top and self.since_probe >= self.wait:
             self.since_probe = 0
             self.probe = (min(top, best + self.reach), best)
             return self.probe[0]
-        self.probe = None
         return best
 
     def choose_width(self, limit: Optional[int] = None) -> Width:

@@ -242,3 +242,16 @@ def test_the_default_policy_settles_on_plain_steps_for_a_useless_drafter(policy_
     good = generations(policy_class(16), lambda k: 0.9, table_cost, 10, 64, random.Random(10))
     late = Counter(w.size for g in good[5:] for w, _ in g)
     assert late[1] <= 0.1 * sum(late.values()) and max(late, key=late.get) >= 6, late
+
+
+def test_plain_steps_measured_slow_once_are_measured_again():
+    """Plain steps first measured while the machine was slow (warming up, busy) make chains
+    of 2 look cheaper than they are beside them; for a drafter that is never accepted the
+    policy measures a plain step again and goes back to plain steps (probes only look up)."""
+    policy = BlockSizePolicy(8)
+    for _ in range(3):
+        policy.update(1, 0, 2.0)  # slow samples: twice what a plain step costs
+    cost = lambda b: 1.0 if b == 1 else 1.1 + 0.02 * b  # noqa: E731  (a chain of 2 costs 1.14 plain steps)
+    cycles = run(policy, lambda c, k: 0.0, cost, 300, random.Random(11))
+    assert Counter(b for b, _ in cycles[-100:])[1] >= 80, Counter(b for b, _ in cycles)  # the rest: probes
+    assert policy.costs()[0] < 1.1 and throughput(cycles[-100:], cost) >= 0.97
