@@ -27,7 +27,7 @@ from dflash_mlx.tree_policy import TreePolicy
 from dflash_mlx.cycles import chain_shown
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2, Drafter2Config
-from dflash_mlx.sampling import SamplingParams, probabilities
+from dflash_mlx.sampling import SamplingParams, filter_logprobs, log_softmax
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
@@ -215,7 +215,7 @@ def test_sampling_through_trees_follows_the_target():
 
     def dist(tokens: list[int]) -> np.ndarray:
         logits = model(mx.array(prompt + tokens)[None], make_target_cache(model))[0, -1]
-        return np.array(probabilities(logits, temp, top_p))
+        return np.array(mx.softmax(filter_logprobs(log_softmax(logits), top_p) / temp, axis=-1))  # filters, then temp
 
     samples, through = [], 0
     for seed in range(runs):
