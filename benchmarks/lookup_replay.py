@@ -16,7 +16,8 @@ import numpy as np
 
 from dflash_mlx import load, load_draft
 from dflash_mlx.cache import PromptCache
-from dflash_mlx.lookup import GuessRecord, lookup
+from dflash_mlx.acceptance import GuessRecord
+from dflash_mlx.lookup import lookup
 from dflash_mlx.messages import apply_chat_template, read_prompt_file
 from dflash_mlx.targets import make_target
 from dflash_mlx.train.replay import references
