@@ -45,7 +45,7 @@ from .pair import Pair
 from .plan import new_policy
 from .policy import BlockSizePolicy, Width
 from .sequence import Sequence as DecodeSequence
-from .stats import GenerationStats
+from .stats import GenerationStats, histogram
 from .text import TokenText, as_tokens
 
 #: What `prompt_cache` may be: a sequence (`make_prompt_cache`), or a bare `PromptCache`.
@@ -298,16 +298,18 @@ def format_stats(response: GenerationResponse) -> str:
         f"Peak memory: {response.peak_memory:.3f} GB",
     ]
     if s["block_size"] > 1:
-        histogram = s["accepted_length_histogram"]
-        lines.append(f"Acceptance: tau {s['tau']:.2f} over {s['cycles']} cycles; histogram {histogram}")
+        accepted = s["accepted_length_histogram"]
+        lines.append(f"Acceptance: tau {s['tau']:.2f} over {s['cycles']} cycles; histogram {accepted}")
         kind = f"adaptive, 1..{s['block_size']}" if s["adaptive"] else f"fixed {s['block_size']}"
-        lines.append(f"Block size ({kind}): histogram {s['block_size_histogram']}")
+        chains = histogram((b for b, tree in zip(s["block_sizes"], s["trees"]) if not tree), s["block_size"])
+        lines.append(f"Block size of the chains ({kind}): histogram {chains}")
         if any(s["trees"]):
             widths = ", ".join(f"{w}: {n}" for w, n in s["widths"].items())
             lines.append(f"Widths: {widths}; {s['drafted_tokens']} draft nodes verified")
         lines.append(f"Drafter cache: {s['draft_cache_tokens']} tokens, {s['draft_cache_bytes'] / 1e6:.1f} MB")
         if s["lookup_chains"]:
-            lines.append(f"Prompt lookup: {s['lookup_chains']} chains verified its guess in place of the drafter's")
+            n = s["lookup_chains"]
+            lines.append(f"Prompt lookup: its guess replaced the drafter's in {n} chain{'s' if n != 1 else ''}")
         if s["draft_time"]:
             lines.append(f"Time: draft {s['draft_time']:.2f}s, verify {s['verify_time']:.2f}s")
     return "\n".join(lines)

@@ -136,6 +136,7 @@ class FakeBackend:
             stats.cycles += 1
             stats.accepted_lengths.append(len(block))
             stats.block_sizes.append(stats.block_size if draft_model is not None else 1)
+            stats.trees.append(False)
             if draft_model is not None:
                 stats.drafted_tokens += stats.block_size - 1
                 stats.accepted_drafted_tokens += len(block) - 1

@@ -59,7 +59,7 @@ class Snapshot:
     baseline: bool = False
     block_size: int | None = None
     block_in_use: int | None = None  # the last cycle's block size (adaptive: what it chose)
-    size_histogram: tuple[int, ...] = ()  # [b - 1]: cycles that verified b tokens
+    widths: tuple[tuple[str, int], ...] = ()  # cycles by what they verified: ("chain 8", 52), ("tree 16", 1)
     cycles: int = 0
     committed: int = 0  # tokens committed by the cycles
     mean_acceptance: float = 0.0
@@ -82,7 +82,7 @@ class Snapshot:
             baseline=baseline,
             block_size=stats["block_size"],
             block_in_use=(stats["block_sizes"] or [None])[-1],
-            size_histogram=tuple(stats["block_size_histogram"]),
+            widths=tuple(stats["widths"].items()),
             cycles=stats["cycles"],
             committed=stats["committed_tokens"],
             mean_acceptance=stats["tau"],

@@ -15,6 +15,15 @@ from .widgets import summary_line
 _HEADINGS = {"you": "### You", "assistant": "### Assistant"}
 
 
+def shape(width: str, n: int) -> str:
+    """`n` cycles of one `GenerationStats.widths` key: "52 chains of 8 tokens", "1 tree of 16 nodes"."""
+    kind, _, size = width.partition(" ")
+    plural = "" if n == 1 else "s"
+    if not size:  # a plain step: the target alone, one token
+        return f"{n} {kind} step{plural}"
+    return f"{n} {kind}{plural} of {size} {'tokens' if kind == 'chain' else 'nodes'}"
+
+
 @dataclass
 class Totals:
     """Sums over every finished reply of the session."""
@@ -78,9 +87,8 @@ class Session:
             if last.accepted_lengths and not last.baseline:
                 tail = " ".join(map(str, last.accepted_lengths[-24:]))
                 lines.append(f"Accepted per block (last {min(24, len(last.accepted_lengths))}): {tail}")
-            if last.size_histogram and not last.baseline:
-                sizes = " ".join(f"{b}:{n}" for b, n in enumerate(last.size_histogram, 1) if n)
-                lines.append(f"Block sizes chosen (size:cycles): {sizes}")
+            if last.widths and not last.baseline:
+                lines.append("Cycles verified: " + ", ".join(shape(width, n) for width, n in last.widths))
         lines.append(self.totals.line())
         return "\n".join(lines)
 

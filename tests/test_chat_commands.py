@@ -1,0 +1,60 @@
+"""Pilot tests of the chat's input and commands (issue 44) over the scripted fake backend,
+and of the words its `/stats` and `dflash generate` use for what the cycles verified."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_engine import FakeBackend  # noqa: E402
+from test_app import REPLY, answered, make_app, notes, run_async, say, until  # noqa: E402
+
+from app.chat.session import shape  # noqa: E402
+from dflash_mlx import format_stats  # noqa: E402
+from dflash_mlx.speculative import GenerationResponse  # noqa: E402
+from dflash_mlx.stats import GenerationStats  # noqa: E402
+
+
+def _response(stats: GenerationStats) -> GenerationResponse:
+    return GenerationResponse(
+        text="",
+        token=0,
+        logprobs=None,
+        from_draft=False,
+        prompt_tokens=10,
+        prompt_tps=100.0,
+        generation_tokens=60,
+        generation_tps=20.0,
+        peak_memory=0.5,
+        finish_reason="stop",
+        stats=stats,
+    )
+
+
+def test_stats_tell_chains_from_trees():
+    """Trees are not block sizes: a drafter of B=8 never shows a block of 17 (issue 44)."""
+    stats = GenerationStats(block_size=8, adaptive=True)
+    for _ in range(52):
+        stats.record(8, 5)
+    stats.record(17, 3, tree=True)
+    stats.record(8, 7, guessed=True)
+    text = format_stats(_response(stats))
+    assert "Block size of the chains (adaptive, 1..8): histogram [0, 0, 0, 0, 0, 0, 0, 53]" in text
+    assert "Widths: chain 8: 53, tree 16: 1" in text
+    assert "in 1 chain\n" in text + "\n" and "chains verified its guess" not in text
+    words = [shape(width, n) for width, n in stats.widths.items()]
+    assert words == ["53 chains of 8 tokens", "1 tree of 16 nodes"]
+    assert shape("plain", 2) == "2 plain steps"
+
+
+@run_async
+async def test_stats_command_names_the_cycles():
+    app = make_app(FakeBackend([REPLY]))
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        await say(pilot, "/stats")
+        await until(pilot, lambda: "Session:" in notes(app)[-1])
+        assert "Cycles verified: 4 chains of 8 tokens" in notes(app)[-1]
+        assert "Block sizes chosen" not in notes(app)[-1]
