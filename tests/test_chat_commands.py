@@ -58,3 +58,22 @@ async def test_stats_command_names_the_cycles():
         await until(pilot, lambda: "Session:" in notes(app)[-1])
         assert "Cycles verified: 4 chains of 8 tokens" in notes(app)[-1]
         assert "Block sizes chosen" not in notes(app)[-1]
+
+
+@run_async
+async def test_baseline_offers_no_draft_colouring():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        panel = app.query_one("StatsPanel")
+        assert "ctrl+d" in str(panel.border_subtitle)
+        assert any(b.binding.action == "toggle_tint" for b in app.active_bindings.values())
+        await say(pilot, "/baseline")
+        await pilot.pause(0.05)
+        assert "ctrl+d" not in str(panel.border_subtitle) and "drafted" not in str(panel.border_subtitle)
+        assert app.check_action("toggle_tint", ()) is False
+        await pilot.press("ctrl+d")
+        assert app.tint is False
+        await say(pilot, "/baseline")
+        await pilot.pause(0.05)
+        assert "ctrl+d" in str(panel.border_subtitle)

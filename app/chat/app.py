@@ -133,6 +133,11 @@ class ChatApp(SlashCommands, App):
         return self.draft_name is not None or self.model_name is None
 
     @property
+    def baseline(self) -> bool:
+        """Target-only decoding: asked for (`/baseline`), or no drafter is loaded."""
+        return self.settings.baseline or not self.has_draft
+
+    @property
     def busy(self) -> bool:
         return self.state in ("generating", "stopping")
 
@@ -163,15 +168,19 @@ class ChatApp(SlashCommands, App):
             "no model": "✖ no model",
         }
         panel.show(labels.get(self.state, self.state), self.last, detail)
-        baseline = self.settings.baseline or not self.has_draft
-        panel.border_title = "baseline" if baseline else "DFlash"
-        if self.tint:
-            colours = f"[{DRAFT_STYLE}]drafted[/] · [{TARGET_STYLE}]target[/]"
-        else:
-            colours = "ctrl+d: colour drafted tokens"
+        panel.border_title = "baseline" if self.baseline else "DFlash"
         block = self.last.block_in_use if self.last and not self.last.baseline else None
-        describe = self.settings.describe(self.has_draft, block)
-        panel.border_subtitle = f"{describe} · {colours}"
+        subtitle = self.settings.describe(self.has_draft, block)
+        if self.tint and not self.baseline:
+            subtitle += f" · [{DRAFT_STYLE}]drafted[/] · [{TARGET_STYLE}]target[/]"
+        elif not self.baseline:  # nothing is drafted in baseline mode: nothing to colour
+            subtitle += " · ctrl+d: colour drafted tokens"
+        panel.border_subtitle = subtitle
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Ctrl+D (colour drafted tokens) is offered only where tokens are drafted."""
+        return not (action == "toggle_tint" and self.baseline)
 
     # ---- input
 
