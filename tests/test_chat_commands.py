@@ -11,7 +11,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_engine import FakeBackend  # noqa: E402
 from test_app import REPLY, answered, make_app, notes, run_async, say, until  # noqa: E402
 
+from app.chat.engine import Settings  # noqa: E402
 from app.chat.session import shape  # noqa: E402
+from dflash_mlx import DecodeOptions  # noqa: E402
 from dflash_mlx import format_stats  # noqa: E402
 from dflash_mlx.speculative import GenerationResponse  # noqa: E402
 from dflash_mlx.stats import GenerationStats  # noqa: E402
@@ -77,3 +79,34 @@ async def test_baseline_offers_no_draft_colouring():
         await say(pilot, "/baseline")
         await pilot.pause(0.05)
         assert "ctrl+d" in str(panel.border_subtitle)
+
+
+@run_async
+async def test_block_above_the_drafters_b_is_refused():
+    """`/block 99` for a drafter of B=8: one line naming the limit, the old value kept, and the
+    next message answered on the same KV cache (issue 44)."""
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        await say(pilot, "/block 4")
+        await say(pilot, "/block 99")
+        await pilot.pause(0.05)
+        [error] = notes(app, "error")
+        assert "/block must be at most the drafter's block size 8, got 99" in error and "\n" not in error
+        assert app.settings.options.block_size == 4
+        await answered(pilot, "and now?")
+        call = backend.calls[-1]
+        assert call["block_size"] == 4 and 0 < call["prefilled"] < len(call["prompt"])  # the cache was kept
+        assert backend.calls[-1]["prompt_cache"] is backend.calls[0]["prompt_cache"]
+        assert [m["role"] for m in app.messages] == ["user", "assistant"] * 2
+
+
+@run_async
+async def test_block_size_flag_above_b_ends_the_app_after_loading():
+    app = make_app(settings=Settings(DecodeOptions(block_size=99)))
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.return_code is not None)
+        assert app.return_code == 1
+        [message] = [str(m) for m in app._exit_renderables]
+        assert message == "dflash-chat: error: --block-size must be at most the drafter's block size 8, got 99"

@@ -8,15 +8,19 @@ commands and engine events.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
+from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input
 
+from app.flags import flag_name
 from app.model_thread import Failed
+from dflash_mlx import OptionError
 
 from .commands import SlashCommands
 from .engine import Cleared, Engine, Event, Finished, Loaded, Prefill, Settings, Snapshot, Status, Token
@@ -76,6 +80,8 @@ class ChatApp(SlashCommands, App):
         self.session = Session()
         self.model_name: str | None = None
         self.draft_name: str | None = None
+        self.drafter = None  # the loaded drafter (`Loaded.drafter`), whose B limits /block
+        self.from_flags = True  # the options are the command line's, not yet checked against a drafter
         self.state = "starting"  # starting | loading | ready | generating | stopping | no model
         self.tint = False
         self.reply: Reply | None = None
@@ -239,7 +245,9 @@ class ChatApp(SlashCommands, App):
             panel.progress(None, None)
             self.refresh_stats(event.text)
         elif isinstance(event, Loaded):  # a new model: a new conversation
-            self.model_name, self.draft_name = event.model, event.draft
+            self.model_name, self.draft_name, self.drafter = event.model, event.draft, event.drafter
+            if not await self.check_block_size():
+                return  # ending: the command line's --block-size is above the drafter's
             self.session.messages.clear()
             self.last = None
             self.sub_title = event.model + (f" + {event.draft}" if event.draft else "")
@@ -255,7 +263,7 @@ class ChatApp(SlashCommands, App):
         elif isinstance(event, Failed):
             await self.note(event.message, "error")
             if event.stage == "load":
-                self.model_name = self.draft_name = None
+                self.model_name = self.draft_name = self.drafter = None
                 if not self.busy:
                     self.state = "no model"
                 self.sub_title = "no model loaded"
@@ -270,6 +278,22 @@ class ChatApp(SlashCommands, App):
                 await self.end_reply("error", None)
         elif isinstance(event, Cleared):
             pass
+
+    async def check_block_size(self) -> bool:
+        """A fixed block size above the new drafter's B: refused (`DecodeOptions.block_limit`).
+        From the command line the app ends with one line naming --block-size and exit code 1;
+        after a `/load`, the block size goes back to adaptive, with a note. False: ending."""
+        try:
+            self.settings.options.block_limit(self.drafter)
+        except OptionError as e:
+            if self.from_flags:
+                line = f"dflash-chat: error: {e.named(flag_name(e.field))}"
+                self.exit(return_code=1, message=Text(line, no_wrap=True, overflow="ignore"))
+                return False
+            self.settings.options = replace(self.settings.options, block_size=None)
+            await self.note(f"{e.named('/block')}: back to auto (adaptive).", "error")
+        self.from_flags = False
+        return True
 
     async def end_reply(self, reason: str, stats: Snapshot | None) -> None:
         """Close the reply in progress; with `stats`, put its summary line under it."""

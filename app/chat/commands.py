@@ -72,7 +72,10 @@ class SlashCommands:
         """`/command VALUE`: set the decoding option `OPTIONS[command]` (checked by `DecodeOptions`)."""
         name = OPTIONS[command]
         try:
-            self.settings.options = replace(self.settings.options, **{name: parse_value(name, arg)})
+            options = replace(self.settings.options, **{name: parse_value(name, arg)})
+            if self.drafter is not None:
+                options.block_limit(self.drafter)  # a block size above the drafter's B
+            self.settings.options, self.from_flags = options, False
         except ValueError as e:  # not a number, or an `OptionError` naming the rule
             rule = f": {e.named(f'/{command}')}" if isinstance(e, OptionError) else ""
             await self.note(f"Usage: /{command} {usage(name)}{rule}.", "error")

@@ -117,6 +117,7 @@ class Loaded:
     model: str
     draft: str | None  # None: no drafter, target-only decoding
     prefix: int = 0  # tokens of the saved prompt cache the conversation starts after
+    drafter: Any = None  # the drafter itself, for `DecodeOptions.block_limit`'s check (read, never run)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ class Engine(ModelThread):
         if self.prefix_file is not None:
             self._load_prefix()
         drafter = (draft_path or "default drafter") if draft is not None else None
-        self._emit(Loaded(model_name, drafter, len(self.prefix)))
+        self._emit(Loaded(model_name, drafter, len(self.prefix), draft))
 
     def _load_prefix(self) -> None:
         """Load the prompt cache file as the conversation's cache (a file for another

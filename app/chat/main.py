@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         sys.exit(f"dflash-chat: error: {e}")
     app.run()
+    sys.exit(app.return_code or 0)  # 1: a flag the loaded drafter refused (`ChatApp.check_block_size`)
 
 
 if __name__ == "__main__":
