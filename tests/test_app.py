@@ -52,7 +52,7 @@ async def until(pilot, condition, timeout: float = 5.0) -> None:
 
 
 async def say(pilot, text: str) -> None:
-    pilot.app.query_one("#prompt").value = text
+    pilot.app.query_one("#prompt").text = text
     await pilot.press("enter")
 
 

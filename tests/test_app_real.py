@@ -36,7 +36,7 @@ async def _chat(prompt: str, screenshot: str | None) -> tuple:
         await until(lambda: app.state in ("ready", "no model"), 600)
         errors = [str(n.content) for n in app.query(Note) if n.has_class("error")]
         assert app.state == "ready" and not errors, errors
-        app.query_one("#prompt").value = prompt
+        app.query_one("#prompt").text = prompt
         await pilot.press("enter")
         await until(lambda: app.state == "ready" and len(app.messages) == 2, 600)
         await pilot.pause(0.3)

@@ -16,7 +16,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Footer, Header
 
 from app.flags import flag_name
 from app.model_thread import Failed
@@ -30,6 +30,7 @@ from .widgets import (
     TARGET_STYLE,
     EngineMessage,
     Note,
+    Prompt,
     Reply,
     StatsPanel,
     Summary,
@@ -85,6 +86,7 @@ class ChatApp(SlashCommands, App):
         self.state = "starting"  # starting | loading | ready | generating | stopping | no model
         self.tint = False
         self.reply: Reply | None = None
+        self.pending: list[str] = []  # messages sent during a reply, in order
         self.last: Snapshot | None = None
 
     # ---- layout
@@ -93,7 +95,7 @@ class ChatApp(SlashCommands, App):
         yield Header()
         yield self._transcript
         yield self._panel
-        yield Input(placeholder="Message  (/help for commands, Esc stops a reply)", id="prompt")
+        yield Prompt("Message  (Enter sends, Shift+Enter or Ctrl+J: new line, /help: commands)", id="prompt")
         yield Footer()
 
     async def on_mount(self) -> None:
@@ -160,7 +162,6 @@ class ChatApp(SlashCommands, App):
     async def note(self, text: str, kind: str = "info") -> Note:
         widget = Note(text, classes=kind, markup=False)
         await self.transcript.mount(widget)
-        self.session.log.append((kind, text))
         return widget
 
     def refresh_stats(self, detail: str = "") -> None:
@@ -190,20 +191,17 @@ class ChatApp(SlashCommands, App):
 
     # ---- input
 
-    @on(Input.Submitted, "#prompt")
-    async def submitted(self, event: Input.Submitted) -> None:
-        line = event.value.strip()
-        if not line:
-            return
-        event.input.clear()
-        if line.startswith("/"):
-            await self.command(line)
+    @on(Prompt.Submitted)
+    async def submitted(self, event: Prompt.Submitted) -> None:
+        if event.text.startswith("/"):
+            await self.command(event.text)
         else:
-            await self.send(line)
+            await self.send(event.text)
 
     async def send(self, text: str) -> None:
-        if self.busy:
-            await self.note("Still answering: press Esc to stop the reply first.", "error")
+        if self.busy:  # sent when the reply ends (`end_reply`)
+            self.pending.append(text)
+            await self.note(f"Queued: sent when this reply ends ({len(self.pending)} waiting).")
             return
         if self.engine is None:
             return
@@ -211,6 +209,10 @@ class ChatApp(SlashCommands, App):
             self.transcript.anchor()  # back to the bottom, even if the user scrolled up
         await self.transcript.mount(UserMessage(text))
         self.session.ask(text)
+        await self.answer()
+
+    async def answer(self) -> None:
+        """Start the reply to the conversation as it stands (its last message is the user's)."""
         self.reply = Reply(tinted=self.tint)
         await self.transcript.mount(self.reply)
         self.state = "generating"
@@ -313,6 +315,8 @@ class ChatApp(SlashCommands, App):
             self.session.log.append(("summary", summary_line(stats, reason)))
         self.state = "ready" if self.model_name is not None else "no model"
         self.refresh_stats()
+        if self.pending:
+            await self.send(self.pending.pop(0))
 
     # ---- actions
 

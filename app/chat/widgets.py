@@ -11,11 +11,12 @@ import re
 import sys
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
 from textual.message import Message
-from textual.widgets import Markdown, ProgressBar, Static
+from textual.widgets import Markdown, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
 from .engine import Event, Snapshot
@@ -266,3 +267,66 @@ class StatsPanel(Vertical):
 
     def hide_progress(self) -> None:
         self.query_one(ProgressBar).display = False
+
+
+class Prompt(TextArea):
+    """The message box. Enter sends (`Prompt.Submitted`); Shift+Enter or Ctrl+J starts a new
+    line (terminals often send Shift+Enter as a plain Enter); a paste keeps every line. Up on
+    the first line and Down on the last walk through what was sent before (`sent`)."""
+
+    class Submitted(Message):
+        """The text the user sent (Enter)."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, placeholder: str = "", **kwargs) -> None:
+        super().__init__(
+            soft_wrap=True, tab_behavior="focus", highlight_cursor_line=False, placeholder=placeholder, **kwargs
+        )
+        self.sent: list[str] = []  # what was sent, oldest first
+        self._back = 0  # how many entries back the box shows (0: the text being written)
+        self._draft = ""  # the text being written, kept while the history is shown
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key in ("enter", "shift+enter", "ctrl+j"):
+            event.stop()
+            event.prevent_default()
+            if event.key == "enter":
+                self.submit()
+            else:
+                self.insert("\n")
+            return
+        await super()._on_key(event)
+
+    def submit(self) -> None:
+        """Send the text (unless blank), remember it, and empty the box."""
+        text = self.text.strip()
+        if not text:
+            return
+        if not self.sent or self.sent[-1] != text:
+            self.sent.append(text)
+        self._back, self._draft = 0, ""
+        self.clear()
+        self.post_message(self.Submitted(text))
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if not select and self.get_cursor_up_location() == (0, 0) and self._back < len(self.sent):
+            self.recall(self._back + 1)
+        else:
+            super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        if not select and self.get_cursor_down_location() == self.document.end and self._back > 0:
+            self.recall(self._back - 1)
+        else:
+            super().action_cursor_down(select)
+
+    def recall(self, back: int) -> None:
+        """Show what was sent `back` messages ago (0: the text being written)."""
+        if self._back == 0:
+            self._draft = self.text
+        self._back = back
+        self.load_text(self.sent[-back] if back else self._draft)
+        self.move_cursor(self.document.end)
