@@ -62,11 +62,12 @@ def _optional(name: str) -> bool:
 
 def _switch(name: str) -> bool:
     """A true/false/None field: None (the default) means on where it runs, `--no-NAME` turns it off."""
-    return _kind(name) is bool and _optional(name)
+    return name in _HINTS and _kind(name) is bool and _optional(name)
 
 
 def flag_name(name: str) -> str:
-    """The command-line flag of field `name`: `--top-p`; a switch's `--no-kernels`."""
+    """The command-line flag of field `name` (of `DecodeOptions` or a front end's own, such as
+    the chat's `max_tokens`): `--top-p`; a switch's `--no-kernels`."""
     dashed = name.replace("_", "-")
     return f"--no-{dashed}" if _switch(name) else f"--{dashed}"
 

@@ -6,7 +6,7 @@ _preload_blas()  # must run before the first `import mlx`
 
 from .config import parse_layer_ids  # noqa: E402
 from .cycles import PREFILL_STEP  # noqa: E402
-from .defaults import default_model_path, shipped_drafter_dir  # noqa: E402
+from .defaults import cache_dir, default_model_path, shipped_drafter_dir  # noqa: E402
 from .drafter import Drafter, DrafterConfig  # noqa: E402
 from .drafter2 import Drafter2, Drafter2Config  # noqa: E402
 from .drafters import save_drafter  # noqa: E402
@@ -48,6 +48,7 @@ __all__ = [
     "TreePolicy",
     "Width",
     "apply_chat_template",
+    "cache_dir",
     "default_model_path",
     "format_stats",
     "generate",

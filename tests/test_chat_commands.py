@@ -4,15 +4,20 @@ and of the words its `/stats` and `dflash generate` use for what the cycles veri
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
+
+from textual import events
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeBackend  # noqa: E402
 from test_app import REPLY, answered, make_app, notes, run_async, say, until  # noqa: E402
 
+from app.chat import commands  # noqa: E402
 from app.chat.engine import Settings  # noqa: E402
 from app.chat.session import shape  # noqa: E402
+from app.chat.widgets import Reply, Summary  # noqa: E402
 from dflash_mlx import DecodeOptions  # noqa: E402
 from dflash_mlx import format_stats  # noqa: E402
 from dflash_mlx.speculative import GenerationResponse  # noqa: E402
@@ -110,3 +115,138 @@ async def test_block_size_flag_above_b_ends_the_app_after_loading():
         assert app.return_code == 1
         [message] = [str(m) for m in app._exit_renderables]
         assert message == "dflash-chat: error: --block-size must be at most the drafter's block size 8, got 99"
+
+
+@run_async
+async def test_enter_sends_shift_enter_and_ctrl_j_start_a_line_and_a_paste_keeps_every_line():
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        box = app.query_one("#prompt")
+        await pilot.press("a", "shift+enter", "b", "ctrl+j", "c")
+        assert box.text == "a\nb\nc"
+        box.clear()
+        app.post_message(events.Paste("first line\nsecond line\nthird line"))  # a terminal's paste
+        await pilot.pause(0.05)
+        assert box.text == "first line\nsecond line\nthird line"
+        await pilot.press("enter")
+        await until(pilot, lambda: app.state == "ready" and len(app.messages) == 2)
+        assert app.messages[0]["content"] == "first line\nsecond line\nthird line" and box.text == ""
+        assert "first line\nsecond line\nthird line" in "".join(chr(t) for t in backend.calls[0]["prompt"])
+
+
+@run_async
+async def test_a_message_sent_during_a_reply_is_queued_and_sent_after_it():
+    gate = threading.Event()
+    backend = FakeBackend([REPLY, "Second| answer."], gate=gate)
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "first")
+        await until(pilot, lambda: backend.waiting.is_set())
+        await say(pilot, "second")
+        await pilot.pause(0.05)
+        assert "Queued" in notes(app)[-1] and app.query_one("#prompt").text == ""
+        gate.set()
+        await until(pilot, lambda: app.state == "ready" and len(app.messages) == 4, timeout=10)
+        assert [m["content"] for m in app.messages[::2]] == ["first", "second"]
+        assert app.messages[3]["content"] == "Second answer."
+
+
+@run_async
+async def test_up_and_down_recall_what_was_sent():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await answered(pilot, "one")
+        await say(pilot, "/temp 0.5")
+        box = app.query_one("#prompt")
+        await pilot.press("t", "w")  # being written: kept while the history is shown
+        await pilot.press("up")
+        assert box.text == "/temp 0.5"
+        await pilot.press("up")
+        assert box.text == "one"
+        await pilot.press("up")  # the oldest stays
+        assert box.text == "one"
+        await pilot.press("down", "down")
+        assert box.text == "tw"
+        await pilot.press("ctrl+j", "o", "up")  # a second line: Up moves to the first line first
+        assert box.text == "tw\no" and box.cursor_location[0] == 0
+
+
+def _prompt(call: dict) -> str:
+    return "".join(chr(t) for t in call["prompt"])
+
+
+@run_async
+async def test_system_max_and_top_p_reach_the_next_reply():
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        for line in ("/system You are terse.", "/max 7", "/top-p 0.9", "/max 0", "/top-p 2", "/max x"):
+            await say(pilot, line)
+        await pilot.pause(0.05)
+        errors = notes(app, "error")
+        assert errors[0] == "Usage: /max N (most tokens per reply): /max must be an integer >= 1, got 0."
+        assert "/top-p must be in (0, 1], got 2.0" in errors[1] and errors[2].startswith("Usage: /max N")
+        await answered(pilot, "again")
+        call = backend.calls[-1]
+        assert (call["max_tokens"], call["top_p"]) == (7, 0.9)
+        assert _prompt(call).startswith("<system>You are terse.</system><user>hi</user>")
+        assert call["prefilled"] == len(call["prompt"]) - 1  # a new start: nothing after "<" is reused
+        await say(pilot, "/system")
+        await pilot.pause(0.05)
+        assert notes(app)[-1] == "System prompt: You are terse."
+        await say(pilot, "/system off")
+        await answered(pilot, "plain")
+        assert _prompt(backend.calls[-1]).startswith("<user>hi</user>")
+        await say(pilot, "/help")
+        await pilot.pause(0.05)
+        shown = app.query("Markdown.help").last().source
+        for command in ("/system", "/regenerate", "/max N", "/top-p X", "/save [FILE]", "Shift+Enter", "Ctrl+J"):
+            assert command in shown
+
+
+@run_async
+async def test_regenerate_answers_the_last_message_again():
+    backend = FakeBackend(["First| try.", "Second| try."])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        await say(pilot, "/regenerate")
+        await until(pilot, lambda: len(backend.calls) == 2 and app.state == "ready" and len(app.messages) == 2)
+        assert app.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Second try."}]
+        assert backend.calls[1]["prompt"] == backend.calls[0]["prompt"]
+        assert [r.text for r in app.query(Reply)] == ["Second try."] and len(app.query(Summary)) == 1
+        assert "First try." not in app.transcript_markdown() and "Second try." in app.transcript_markdown()
+
+
+@run_async
+async def test_regenerate_with_nothing_to_redo_says_so():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "/regenerate")
+        await pilot.pause(0.05)
+        assert notes(app, "error") == ["No reply to regenerate yet."]
+
+
+@run_async
+async def test_save_without_a_name_writes_the_conversation_under_the_apps_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_HOME", str(tmp_path))
+    app = make_app()
+    async with app.run_test() as pilot:
+        await answered(pilot, "hi")
+        await say(pilot, "/temp 0.5")
+        await say(pilot, "/save")
+        await until(pilot, lambda: "Transcript saved to" in notes(app)[-1])
+        [path] = (tmp_path / "transcripts").glob("chat-*.md")
+        assert str(path) in notes(app)[-1]
+        saved = path.read_text()
+        assert "### You\n\nhi" in saved and "### Assistant" in saved
+        assert "/temp" not in saved and "temperature" not in saved.lower() and "Loaded" not in saved
+
+
+def test_help_names_where_save_writes():
+    assert f"a new file in {commands.transcripts_dir()}" in commands.HELP

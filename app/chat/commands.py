@@ -8,19 +8,29 @@ help lines `app.flags` makes from the `DecodeOptions` field.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from textual.widgets import Markdown
 
 from app.flags import describe, parse_value, slash_help, usage
-from dflash_mlx import OptionError
+from dflash_mlx import OptionError, cache_dir
+
+from .widgets import Reply, Summary
 
 #: The largest file `/file` pastes (a long prompt, not a data set).
 MAX_FILE_BYTES = 1_000_000
 
+
+def transcripts_dir() -> Path:
+    """Where `/save` with no file name writes: transcripts/ in the app's cache directory
+    (`$DFLASH_HOME`, else `$XDG_CACHE_HOME/mlx-dflash`, else ~/.cache/mlx-dflash)."""
+    return cache_dir() / "transcripts"
+
+
 #: The slash commands that set a decoding option: `/temp 0.7`, `/block 4`, `/tree auto`.
-OPTIONS = {"temp": "temp", "block": "block_size", "tree": "tree_budget"}
+OPTIONS = {"temp": "temp", "top-p": "top_p", "block": "block_size", "tree": "tree_budget"}
 
 HELP = f"""\
 **Commands**
@@ -28,13 +38,17 @@ HELP = f"""\
 - `/help` this help
 - `/stats` numbers of the last reply and of the whole session
 - `/clear` forget the conversation and its KV cache
+- `/regenerate` drop the last reply and answer the last message again
+- `/system TEXT` the system prompt of the next turns (`/system` shows it, `/system off` drops it)
 {chr(10).join(slash_help(command, name) for command, name in OPTIONS.items())}
+- `/max N` most tokens per reply
 - `/baseline` toggle target-only decoding, to feel the difference
-- `/save FILE` save the transcript as Markdown
+- `/save [FILE]` save the conversation as Markdown (no FILE: a new file in {transcripts_dir()})
 - `/file PATH [TEXT]` send TEXT with the file's contents pasted below it (a document, code)
 - `/load [MODEL] [DRAFT]` load another model (none given: the built-in default)
 
-**Keys**: `Enter` send · `Esc` stop the reply · `Ctrl+D` colour drafted tokens · `Ctrl+Q` or `Ctrl+C` quit
+**Keys**: `Enter` send (during a reply: queued) · `Shift+Enter` or `Ctrl+J` new line · `Up`/`Down` on the first/last
+line: earlier messages · `Esc` stop the reply · `Ctrl+D` colour drafted tokens · `Ctrl+Q` or `Ctrl+C` quit
 """
 
 
@@ -83,6 +97,42 @@ class SlashCommands:
         await self.note(f"{describe(name, getattr(self.settings.options, name)).capitalize()}.")
         self.refresh_stats()
 
+    async def cmd_max(self, arg: str) -> None:
+        """`/max N`: the most tokens a reply may have."""
+        try:
+            self.settings = replace(self.settings, max_tokens=int(arg))
+        except ValueError as e:  # not a number, or the `OptionError` of `Settings`
+            rule = f": {e.named('/max')}" if isinstance(e, OptionError) else ""
+            await self.note(f"Usage: /max N (most tokens per reply){rule}.", "error")
+            return
+        await self.note(f"Max tokens per reply: {self.settings.max_tokens}.")
+        self.refresh_stats()
+
+    async def cmd_system(self, arg: str) -> None:
+        """`/system TEXT` sets the system prompt of the next turns (the KV cache keeps what comes
+        before the change, nothing here); `/system` shows it, `/system off` drops it."""
+        if not arg:
+            shown = f"System prompt: {self.system}" if self.system else "No system prompt (/system TEXT sets one)."
+            await self.note(shown)
+            return
+        self.system = None if arg.lower() == "off" else arg
+        await self.note(f"System prompt set: {self.system}" if self.system else "System prompt dropped.")
+
+    async def cmd_regenerate(self, arg: str) -> None:
+        """Drop the last reply (and its summary) and answer the last message again."""
+        if self.busy:
+            await self.note("Press Esc to stop the reply before /regenerate.", "error")
+            return
+        if self.engine is None or not self.session.retract():
+            await self.note("No reply to regenerate yet.", "error")
+            return
+        reply = self.query(Reply).last()
+        after = self.transcript.children[self.transcript.children.index(reply) + 1 :]
+        await reply.remove()
+        if after and isinstance(after[0], Summary):
+            await after[0].remove()
+        await self.answer()
+
     async def cmd_baseline(self, arg: str) -> None:
         if self.draft_name is None:
             await self.note("No drafter is loaded: decoding is target-only already.", "error")
@@ -103,8 +153,10 @@ class SlashCommands:
         await self.note(self.session.stats(self.last, header))
 
     async def cmd_save(self, arg: str) -> None:
-        path = Path(arg or "dflash-chat.md").expanduser()
+        """`/save [FILE]`: the conversation as Markdown, by default in a new file of `transcripts_dir()`."""
+        path = Path(arg).expanduser() if arg else transcripts_dir() / time.strftime("chat-%Y%m%d-%H%M%S.md")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(self.transcript_markdown(), encoding="utf-8")
         except OSError as exc:
             await self.note(f"Could not save the transcript: {exc}", "error")

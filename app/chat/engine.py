@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from dflash_mlx import DecodeOptions, apply_chat_template
+from dflash_mlx import DecodeOptions, OptionError, apply_chat_template
 
 from app.model_thread import Failed, ModelThread, describe_error
 
@@ -26,11 +26,16 @@ BAR_HISTORY = 64  # how many of the last blocks' accepted lengths the events car
 
 @dataclass
 class Settings:
-    """What every `generate` command carries: how to decode, how long, with the drafter or not."""
+    """What every `generate` command carries: how to decode, how long, with the drafter or not.
+    A bad `max_tokens` is an `OptionError`."""
 
     options: DecodeOptions = DecodeOptions()
     max_tokens: int = 512
     baseline: bool = False  # target-only decoding through the same loop
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise OptionError("max_tokens", "must be an integer >= 1", self.max_tokens)
 
     def describe(self, has_draft: bool = True, block_in_use: int | None = None) -> str:
         """The footer line; `block_in_use`: the block size of the last cycle, if any."""

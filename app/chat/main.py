@@ -44,8 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
 def app_from_args(argv: list[str] | None = None) -> ChatApp:
     """The app the command line asks for; a bad option is an `OptionError` naming it."""
     args = build_parser().parse_args(argv)
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
     settings = Settings(from_args(args, FIELDS), max_tokens=args.max_tokens, baseline=args.no_draft)
     return ChatApp(
         model=args.model,

@@ -56,7 +56,8 @@ class Totals:
 @dataclass
 class Session:
     """One conversation: `messages` (without the system prompt) and the `log` of
-    ``(kind, text)`` entries (you, assistant, summary, info, error) for the transcript."""
+    ``(kind, text)`` entries (you, assistant, summary) for the transcript: the conversation
+    only, none of the app's notes or commands."""
 
     messages: list[dict] = field(default_factory=list)
     log: list[tuple[str, str]] = field(default_factory=list)
@@ -74,6 +75,15 @@ class Session:
         """Forget a question that got no answer, so the history keeps alternating."""
         if self.messages and self.messages[-1]["role"] == "user":
             self.messages.pop()
+
+    def retract(self) -> bool:
+        """Forget the last answer and its summary (`/regenerate`); False if the last message is no answer."""
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            return False
+        self.messages.pop()
+        while self.log and self.log.pop()[0] != "assistant":
+            pass
+        return True
 
     def clear(self) -> None:
         self.messages.clear()
@@ -100,8 +110,6 @@ class Session:
         for kind, text in self.log:
             if kind in _HEADINGS:
                 out += [_HEADINGS[kind], "", text.strip(), ""]
-            elif kind == "summary":
+            else:  # a reply's summary line
                 out += [f"*{text}*", ""]
-            else:
-                out += [f"> {text}", ""]
         return "\n".join(out)
