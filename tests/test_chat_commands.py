@@ -7,6 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from textual import events
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -16,6 +17,7 @@ from test_app import REPLY, answered, make_app, notes, run_async, say, until  # 
 
 from app.chat import commands  # noqa: E402
 from app.chat.engine import Settings  # noqa: E402
+from app.chat.main import main  # noqa: E402
 from app.chat.session import shape  # noqa: E402
 from app.chat.widgets import Reply, Summary  # noqa: E402
 from dflash_mlx import DecodeOptions  # noqa: E402
@@ -250,3 +252,9 @@ async def test_save_without_a_name_writes_the_conversation_under_the_apps_direct
 
 def test_help_names_where_save_writes():
     assert f"a new file in {commands.transcripts_dir()}" in commands.HELP
+
+
+def test_cli_max_tokens_below_one_is_one_line_naming_the_flag():
+    with pytest.raises(SystemExit) as info:
+        main(["--max-tokens", "0"])
+    assert str(info.value.code) == "dflash-chat: error: --max-tokens must be an integer >= 1, got 0"
