@@ -87,6 +87,7 @@ class ChatApp(SlashCommands, App):
         self.tint = False
         self.reply: Reply | None = None
         self.pending: list[str] = []  # messages sent during a reply, in order
+        self._footer_baseline = False  # the mode the footer's keys were last shown for
         self.last: Snapshot | None = None
 
     # ---- layout
@@ -183,7 +184,9 @@ class ChatApp(SlashCommands, App):
         elif not self.baseline:  # nothing is drafted in baseline mode: nothing to colour
             subtitle += " · ctrl+d: colour drafted tokens"
         panel.border_subtitle = subtitle
-        self.refresh_bindings()
+        if self.baseline != self._footer_baseline:  # Ctrl+D comes and goes with the drafts (`check_action`)
+            self._footer_baseline = self.baseline
+            self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Ctrl+D (colour drafted tokens) is offered only where tokens are drafted."""
