@@ -131,7 +131,7 @@ def test_trees_that_do_not_pay_are_left():
     assert rate(cycles[-300:], cost) >= 0.95 * rate(chain_only[-300:], cost)
 
 
-#: T(n) / T(1), a verify of n rows on the 2-core CPU (BENCHMARKS.md, `dflash bench --verify-cost`).
+#: T(n) / T(1), a verify of n rows on the 2-core CPU (BENCHMARKS.md, `dflash bench verify-cost`).
 CPU_ROWS = {1: 1.0, 2: 1.02, 3: 1.18, 4: 1.33, 5: 1.38, 8: 1.49, 9: 1.55, 16: 1.87, 17: 2.14, 32: 2.61, 33: 2.65}
 
 

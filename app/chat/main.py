@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `dflash-chat` flags: the model pair, the chat's own, and the decoding options (`FIELDS`)."""
     p = argparse.ArgumentParser(
         prog="dflash-chat",
-        description="Chat with a local model, several times faster with DFlash speculative decoding.",
+        description="Chat with a local model through DFlash speculative decoding: the target's own text, faster.",
     )
     p.add_argument("--model", default=None, help="Target model path or HF repo (default: built-in).")
     p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the target's).")
