@@ -46,7 +46,7 @@ __all__ = [
 #: Fields refused when set to anything but their off value: we do not implement them.
 UNSUPPORTED = ("functions", "echo", "suffix")
 #: Fields that reshape the target's distribution: refused, not ignored (the loop samples
-#: and accepts by the target's own distribution; see docs/server.md, "Sampling and exactness").
+#: and accepts by the target's own distribution; see docs/server.md on sampling).
 PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias")
 MAX_TOP_LOGPROBS = 20
 
