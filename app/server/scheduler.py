@@ -177,6 +177,8 @@ class Scheduler:
     def _alone(self, run: Running) -> None:
         """Decode `run` speculatively until it ends, is cancelled, or (once it has a token
         more) another request waits."""
+        if run.job.cancelled.is_set():  # before it started (its client left while it waited)
+            return
         w, req, fresh = self.worker, run.job.request, not run.tokens
         prompt = req.prompt + run.tokens
         cache = w.pool.take(prompt)
@@ -254,10 +256,9 @@ class Scheduler:
         if fed < entry.total:
             return
         joining.pop(0)
-        last = (run.job.request.prompt + run.tokens)[-1]
-        rows[decoder.add(entry.cache, last, run.options.sampling(), logprobs=run.job.request.logprobs is not None)] = (
-            run
-        )
+        req = run.job.request
+        last = (req.prompt + run.tokens)[-1]
+        rows[decoder.add(entry.cache, last, run.options.sampling(), logprobs=req.logprobs is not None)] = run
 
     def _drop_cancelled(self, decoder: BatchDecoder, rows: dict, joining: list) -> None:
         for uid, run in list(rows.items()):
