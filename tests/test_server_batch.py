@@ -126,3 +126,20 @@ def test_concurrent_requests_each_equal_their_solo_answer(live, worker):
 def test_health_names_the_policy(live, worker):
     health = httpx.get(f"{live}/health").json()
     assert "continuous batching: up to 8 requests" in health["queue"]["policy"]
+
+
+def test_policy_names_why_requests_run_one_at_a_time():
+    from tiny_targets import tiny_target
+
+    from app.server.scheduler import SOLO, policy
+    from dflash_mlx import DecodeOptions
+
+    model = tiny_target("qwen3")
+    assert policy(8, model, DecodeOptions())[0]
+    for args, why in [
+        ((1, model, DecodeOptions()), "--max-batch 1"),
+        ((8, model, DecodeOptions(kv_bits=8)), "--kv-bits"),
+        ((8, model, DecodeOptions(), object()), "mlx.launch"),
+    ]:
+        batched, words = policy(*args)
+        assert not batched and words.startswith(SOLO) and why in words
