@@ -217,9 +217,9 @@ def concurrency(
     json_out: Optional[Path] = typer.Option(None, "--json", help=JSON_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw it into this PNG."),
 ) -> None:
-    """`dflash serve` beside `mlx_lm.server --decode-concurrency 8 --prompt-concurrency 8`
-    on the same target: N concurrent greedy chat completions each, aggregate tokens/s,
-    p50/p95 latency, time to first token, and each text against that server's solo text."""
+    """`dflash serve` beside mlx_lm.server (decode and prompt concurrency 8) on the same
+    target: N concurrent greedy chat completions each, aggregate tokens/s, p50/p95
+    latency, time to first token, and each text against that server's solo text."""
     from rich.console import Console
 
     from . import concurrency as bench
