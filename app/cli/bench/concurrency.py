@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import httpx
 
-from dflash_mlx.defaults import default_model_path
+from dflash_mlx import default_model_path
 
 __all__ = ["check_arguments", "concurrency_header", "concurrency_line", "plot_concurrency", "run_concurrency_bench"]
 
