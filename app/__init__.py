@@ -13,6 +13,8 @@ modules only:
 
 - `dflash_mlx.cache`: prompt cache files (`dflash cache-prompt`, `--prompt-cache-file`);
 - `dflash_mlx.distributed`: ranks under `mlx.launch` (generate, serve, bench speed);
+- `dflash_mlx.batch` and `dflash_mlx.text`: the server's continuous batching
+  (`app/server/scheduler.py`): rows of one batch, and each request's text as its tokens come;
 - `dflash_mlx.train` and `dflash_mlx.draft_vocab`: the data, train, eval and draft-vocab commands;
 - `dflash_mlx.targets`, `dflash_mlx.tree`, `dflash_mlx.rollback` and `dflash_mlx.kernels`: the
   engine's parts that `dflash bench verify-cost` and `dflash bench kernels` time one by one.

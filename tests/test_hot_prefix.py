@@ -56,7 +56,7 @@ def test_the_pool_gives_a_hot_prefix_its_cache_while_there_is_room():
 
 def test_a_long_prompt_logs_its_prefill_progress():
     lines = []
-    progress = Worker(log=lines.append)._progress()
+    progress = Worker(log=lines.append).prefill_progress()
     progress(100, 100)  # one chunk: quiet
     progress(PREFILL_STEP, PREFILL_STEP + 5)
     assert lines == [lines[0]] and lines[0].startswith(f"prefill {PREFILL_STEP}/{PREFILL_STEP + 5} prompt tokens")

@@ -145,7 +145,7 @@ def test_models_and_health(client):
     assert models["object"] == "list" and models["data"][0]["id"] == "SmolLM2-135M-Instruct"
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["draft"] is True
-    assert "one request runs at a time" in health["queue"]["policy"] and health["queue"]["waiting"] == 0
+    assert "continuous batching" in health["queue"]["policy"] and health["queue"]["waiting"] == 0
 
 
 @slow

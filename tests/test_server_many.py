@@ -1,5 +1,6 @@
-"""`dflash serve` under many clients: 32 streams at once each get their solo answer
-(greedy and seeded sampled alike), `/metrics` counts what was served, and a request
+"""`dflash serve` under many clients: 32 streams at once, decoded in batches (continuous
+batching, `app/server/scheduler.py`), each get their solo answer (greedy and seeded
+sampled alike), `/metrics` counts what was served, and a request
 whose prompt and `max_tokens` do not fit the context gets a clear 400. A real uvicorn
 server on loopback over the default model and drafter (`live`, `worker` in conftest).
 """
@@ -64,6 +65,9 @@ def test_32_streams_each_equal_their_solo_answer(live, worker):
     assert metric(after, "completion_tokens_total") > metric(before, "completion_tokens_total")
     assert metric(after, "tau") >= 1 and metric(after, "cycles_total") > 0
     assert metric(after, "queue_waiting") == 0
+    steps = metric(after, "batch_steps_total") - metric(before, "batch_steps_total")
+    rows = metric(after, "batch_rows_total") - metric(before, "batch_rows_total")
+    assert steps > 0 and rows > steps  # they ran batched: steps of several rows
     assert "# TYPE dflash_prompt_cache_hits_total counter" in after
 
 
@@ -79,7 +83,8 @@ def test_prompt_and_max_tokens_must_fit_the_context(live, worker):
     assert rejected >= 2
 
 
-def test_the_queue_is_first_come_first_served(worker):
+def test_requests_start_in_arrival_order(worker):
+    """Equal requests sent at once join the batch, and so end, in the order they came."""
     wait_idle(worker)
 
     async def run() -> list[int]:

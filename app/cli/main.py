@@ -26,6 +26,7 @@ from app.cli.train import (
     train_command,
 )
 from app.flags import DRAFTING, KV_CACHE, SAMPLING, WINDOW, decode_flags
+from app.server.scheduler import MAX_BATCH
 from converters.convert import ConvertOptions, convert_drafter, convert_target_model, export_drafter
 from converters.options import Q_BITS, Q_GROUP_SIZES
 from dflash_mlx import DecodeOptions, parse_layer_ids
@@ -201,6 +202,9 @@ def serve(
     port: int = typer.Option(8080, "--port"),
     max_tokens: int = typer.Option(512, "--max-tokens", help="For requests that do not set max_tokens."),
     sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP + " Rank 0 alone listens."),
+    max_batch: int = typer.Option(
+        MAX_BATCH, "--max-batch", help="Requests decoded together at most (continuous batching; 1: one at a time)."
+    ),
     options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
@@ -219,6 +223,7 @@ def serve(
         draft,
         options=options,
         default_max_tokens=max_tokens,
+        max_batch=max_batch,
         no_draft=no_draft,
         draft_vocab=draft_vocab,
         sharding=sharding,

@@ -1,15 +1,16 @@
 """`dflash serve`: an OpenAI- and Anthropic-compatible HTTP server with DFlash under it.
 
 Starlette on uvicorn does the HTTP; `worker.Worker` does every MLX evaluation on
-one thread, one request at a time in arrival order; `openai_api` (OpenAI's chat and text
+one thread, concurrent requests batched (`scheduler`, whose policy `/health` names);
+`openai_api` (OpenAI's chat and text
 completions) and `anthropic_api` (Anthropic's Messages) check requests into one
 `CompletionRequest` and shape the answers; the path from a checked request to its
 answer (`complete`) is the same for both. A chat reply that may hold reasoning or tool
 calls is split as it streams (`output.OutputSplitter`) into each API's deltas or
-blocks. `/metrics` reads the worker's running totals (`worker.Metrics`). Every request, greedy or sampled, goes
-through `dflash_mlx.stream_generate` with the drafter, so what comes back is exactly the
-target's own distribution (greedy: its own tokens) -- the server never falls back to
-target-only decoding for sampling.
+blocks. `/metrics` reads the worker's running totals (`jobs.Metrics`). Every request, greedy
+or sampled, alone or in a batch, draws the target's own tokens (a batch row the same ones
+as alone), so what comes back is exactly the target's own distribution (greedy: its own
+tokens).
 
 A client that goes away stops its request: Starlette cancels a stream whose client
 disconnected, and a non-streamed request polls for the disconnect while it waits; both
@@ -46,7 +47,7 @@ from app.server.openai_api import (
 )
 from app.server.request import APIError, CompletionRequest, ModelInfo
 from app.server.output import Piece
-from app.server.worker import QUEUE_POLICY, Delta, Done, Failed, Job, QueueFull, Worker
+from app.server.worker import Delta, Done, Failed, Job, QueueFull, Worker
 
 __all__ = ["create_app", "host_warning", "metrics_text", "run_server"]
 
@@ -256,7 +257,7 @@ def create_app(worker: Worker) -> Starlette:
 
     async def health(request: Request) -> Response:
         status = "ok" if worker.info else "error" if worker.load_error else "loading"
-        queue = {"policy": QUEUE_POLICY, "running": int(worker.running is not None), "waiting": worker.waiting}
+        queue = {"policy": worker.policy, "running": worker.active, "waiting": worker.waiting}
         info = worker.info
         body = {"status": status, "model": info and info.id, "draft": bool(info and info.has_draft), "queue": queue}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
@@ -285,8 +286,12 @@ def metrics_text(worker: Worker) -> str:
     rows = [
         ("requests_total", "counter", "requests finished, by finish reason", dict(m.finished) or {"stop": 0}),
         ("requests_rejected_total", "counter", "requests refused with a 4xx before the queue", m.rejected),
-        ("queue_waiting", "gauge", "requests waiting for the worker (first come, first served)", worker.waiting),
-        ("queue_running", "gauge", "requests decoding now (0 or 1)", int(worker.running is not None)),
+        ("queue_waiting", "gauge", "requests waiting for the worker, in arrival order", worker.waiting),
+        ("queue_running", "gauge", "requests decoding now", worker.active),
+        ("queue_seconds_total", "counter", "seconds requests waited before they started", round(m.queue_seconds, 6)),
+        ("batch_occupancy", "gauge", "rows of the last batched step (continuous batching)", m.occupancy),
+        ("batch_steps_total", "counter", "batched target steps", m.batch_steps),
+        ("batch_rows_total", "counter", "rows of those steps, summed (over steps: the mean occupancy)", m.batch_rows),
         ("prompt_tokens_total", "counter", "prompt tokens of finished requests", m.prompt_tokens),
         ("prompt_cache_hits_total", "counter", "requests that read part of their prompt from a cache", m.cache_hits),
         ("prompt_cached_tokens_total", "counter", "prompt tokens read from a prompt cache", m.cached_tokens),
@@ -341,7 +346,7 @@ def run_server(worker: Worker, host: str = "127.0.0.1", port: int = 8080, log_le
     sock = _bind(host, port)
     try:
         info = worker.start()
-        print(f"serving {info.id} on http://{host}:{sock.getsockname()[1]}/v1 ({QUEUE_POLICY})", file=sys.stderr)
+        print(f"serving {info.id} on http://{host}:{sock.getsockname()[1]}/v1 ({worker.policy})", file=sys.stderr)
         config = uvicorn.Config(create_app(worker), log_level=log_level, timeout_graceful_shutdown=5)
         try:
             uvicorn.Server(config).run(sockets=[sock])

@@ -1,10 +1,12 @@
 """The server's worker: one long-lived thread that owns the model and runs every request.
 
 The thread (an `app.model_thread.ModelThread`, as the chat's engine is) owns the target, the
-drafter and the prompt caches. Requests queue in arrival order and run one at
-a time, each to the end (or until its client goes away: the worker checks after every
-token, so a cancelled request stops within the cycle it is in). The asyncio side hears
-back through the job's own queue, fed thread-safely.
+drafter and the prompt caches. Requests queue in arrival order; `scheduler.Scheduler`
+decodes up to `max_batch` of them together (continuous batching), or, where its `policy`
+says so, each runs alone to its end (`_generate`). Either way a request runs until its
+end or until its client goes away (checked after every token, so a cancelled request
+stops within the cycle it is in). The asyncio side hears back through the job's own
+queue, fed thread-safely.
 
 Prompt caches: a few are kept (`CachePool`). A request that extends a conversation whose
 tokens a cache holds (the next turn of a chat) continues that cache and prefills only
@@ -23,116 +25,21 @@ the prefill.
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import secrets
 import sys
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
-from app.server.openai_api import TokenLogprob
-
-from app.server.request import CompletionRequest, ModelInfo
 from app.model_thread import Failed, ModelThread, describe_error
+from app.server.jobs import Delta, Done, Job, Metrics, QueueFull, stop_hit, token_logprob
+from app.server.request import CompletionRequest, ModelInfo
+from app.server.scheduler import MAX_BATCH, Scheduler
 from dflash_mlx import PREFILL_STEP, DecodeOptions
 
-import mlx.core as mx  # after dflash_mlx (its import preloads OpenBLAS)
-
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker"]
-
-QUEUE_POLICY = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New text of a running request, and its tokens' log-probabilities if asked for."""
-
-    text: str
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class Done:
-    """A request finished: "stop" (EOS or a stop string), "length" or "cancelled";
-    `stop_sequence`: the stop string that ended it, if one did."""
-
-    finish_reason: str
-    stop_sequence: Optional[str] = None
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    stats: Any = None  # dflash_mlx.GenerationStats
-    generation_tps: float = 0.0
-    prompt_tps: float = 0.0
-
-
-@dataclass
-class Metrics:
-    """Running totals over the served requests, for `/metrics`. The worker thread writes
-    all but `rejected` (the server's, for requests refused before the queue); readers on
-    other threads may see one request's fields half-added, as scrapes tolerate."""
-
-    finished: Counter = field(default_factory=Counter)  # requests by finish reason
-    rejected: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens read from a prompt cache
-    cache_hits: int = 0  # requests that read some
-    completion_tokens: int = 0
-    generation_seconds: float = 0.0
-    cycles: int = 0  # draft/verify cycles, and the tokens they committed
-    committed: int = 0
-    last_tokens_per_second: float = 0.0
-
-    def record(self, done: Done) -> None:
-        """Add a finished request."""
-        self.finished[done.finish_reason] += 1
-        self.prompt_tokens += done.prompt_tokens
-        self.cached_tokens += done.cached_tokens
-        self.cache_hits += done.cached_tokens > 0
-        self.completion_tokens += done.completion_tokens
-        if done.generation_tps > 0:
-            self.generation_seconds += done.completion_tokens / done.generation_tps
-            self.last_tokens_per_second = done.generation_tps
-        if done.stats is not None:
-            self.cycles += len(done.stats.accepted_lengths)
-            self.committed += done.stats.committed
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens committed per cycle over all requests (0 before the first cycle)."""
-        return self.committed / self.cycles if self.cycles else 0.0
-
-
-class QueueFull(Exception):
-    """The worker's queue is at its bound."""
-
-
-@dataclass
-class Job:
-    """A request on its way through the worker, and the channel back to its handler."""
-
-    request: CompletionRequest
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    generated: int = 0  # tokens so far (written by the worker)
-    generated_at_cancel: Optional[int] = None
-
-    def cancel(self) -> None:
-        """Stop this request (its client went away); safe from any thread, idempotent."""
-        if not self.cancelled.is_set():
-            self.generated_at_cancel = self.generated
-            self.cancelled.set()
-
-    def emit(self, event: Delta | Done | Failed) -> None:
-        """Hand an event to the handler's event loop (called on the worker thread)."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is gone: nobody is listening any more
-            self.cancel()
 
 
 #: Prompt tokens shared with a pooled cache that make a request take that cache (fewer:
@@ -185,7 +92,8 @@ class Worker(ModelThread):
         max_queue: requests waiting at most (beyond that `submit` raises `QueueFull`).
         no_draft: decode with the target alone.
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
-        log: where prefill progress lines go (default: stderr).
+        max_batch: requests decoded together at most (1: one at a time).
+        log: where prefill progress and finished requests' lines go (default: stderr).
         sharding: load the target sharded over the ranks of `mlx.launch` (`dflash_mlx.load`).
         ranks: under `mlx.launch`, the other ranks (a `ranks.Ranks`, which imports this
             module, hence `Any` here): rank 0's worker sends them each request; a
@@ -201,12 +109,15 @@ class Worker(ModelThread):
         default_max_tokens: int = 512,
         max_queue: int = 64,
         cache_slots: int = 4,
+        max_batch: int = MAX_BATCH,
         no_draft: bool = False,
         draft_vocab: Optional[str] = None,
         log: Optional[Callable[[str], None]] = None,
         sharding: Optional[str] = None,
         ranks: Any = None,
     ):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
         super().__init__("dflash-serve", max_queue=max_queue)
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.sharding, self.ranks = sharding, ranks
@@ -219,6 +130,7 @@ class Worker(ModelThread):
         self.served = 0
         self.metrics = Metrics()
         self.pool: Optional[CachePool] = None  # owned by the worker thread
+        self.max_batch, self.scheduler = max_batch, None  # the scheduler is made once the model is in
 
     # ---- any thread
 
@@ -234,6 +146,17 @@ class Worker(ModelThread):
     def waiting(self) -> int:
         return self.inbox.qsize()
 
+    @property
+    def active(self) -> int:
+        """Requests decoding now."""
+        batched = self.scheduler.jobs if self.scheduler is not None else []
+        return len(batched) or int(self.running is not None)
+
+    @property
+    def policy(self) -> str:
+        """The queue's policy in words (`scheduler.policy`); empty until the model is in."""
+        return self.scheduler.policy if self.scheduler is not None else ""
+
     def submit(self, job: Job) -> None:
         """Queue a job behind those already waiting."""
         try:
@@ -242,9 +165,10 @@ class Worker(ModelThread):
             raise QueueFull(f"{self.inbox.maxsize} requests are already waiting") from None
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Cancel the running request and stop the thread (queued ones are cancelled)."""
-        if self.running is not None:
-            self.running.cancel()
+        """Cancel the running requests and stop the thread (queued ones are cancelled)."""
+        for job in [self.running, *(self.scheduler.jobs if self.scheduler is not None else [])]:
+            if job is not None:
+                job.cancel()
         while True:
             try:
                 self.inbox.get_nowait().cancel()
@@ -281,16 +205,29 @@ class Worker(ModelThread):
         context = int(context) if context and context < 10**7 else 4096
         has_draft = self.draft is not None
         self.info = ModelInfo(name, self.tokenizer, context, self.default_max_tokens, aliases, has_draft, self.options)
+        self.scheduler = Scheduler(self, self.max_batch)
+        self.log(f"queue: {self.policy}")
 
     def handle(self, job: Job) -> None:
         self.running = job
         try:
-            self.metrics.record(self._generate(job))
+            if self.scheduler.batched:
+                self.scheduler.serve(job)
+            else:
+                queued = time.perf_counter() - job.queued_at
+                self.finished(replace(self._generate(job), queue_seconds=queued))
         finally:
             self.running = None
-            self.served += 1
+
+    def finished(self, done: Done) -> None:
+        """Count a finished request, and log its line."""
+        self.served += 1
+        self.metrics.record(done)
+        self.log(done.summary())
 
     def next_item(self) -> Optional[Job]:
+        if self.scheduler is not None and self.scheduler.stopping:
+            return None
         if self.ranks is None or self.ranks.leader:
             return super().next_item()
         return self.ranks.next_job(self)  # a follower runs rank 0's requests
@@ -305,7 +242,7 @@ class Worker(ModelThread):
         super().forget()
         self.pool = None
 
-    def _options(self, req: CompletionRequest) -> DecodeOptions:
+    def request_options(self, req: CompletionRequest) -> DecodeOptions:
         """The request's options as decoded. Unseeded sampled requests get a fresh random
         seed (the text of a seed does not depend on the block sizes the loop picks)."""
         options = req.options
@@ -319,7 +256,7 @@ class Worker(ModelThread):
             done = Done("cancelled")
             job.emit(done)
             return done
-        req, cache, options = job.request, self.pool.take(job.request.prompt), self._options(job.request)
+        req, cache, options = job.request, self.pool.take(job.request.prompt), self.request_options(job.request)
         tokens, text, eos = [], [], self.tokenizer.eos_token_ids
 
         def delta(response: Any) -> None:
@@ -327,7 +264,7 @@ class Worker(ModelThread):
             tokens.append(response.token)
             # as OpenAI does, an EOS token has no log-probability entry (it has no text)
             wanted = req.logprobs is not None and response.token not in eos
-            entry = (_token_logprob(self.tokenizer, response, req.logprobs),) if wanted else ()
+            entry = (token_logprob(self.tokenizer, response.token, response.logprobs, req.logprobs),) if wanted else ()
             if response.text:
                 text.append(response.text)
             if response.text or entry:
@@ -346,16 +283,16 @@ class Worker(ModelThread):
             cancelled=cancelled,
             on_response=on_response,
             drop_cache=lambda: self.pool.drop(cache),
-            on_prefill=self._progress(),
+            on_prefill=self.prefill_progress(),
         )
         stop = None
         if reason == "stop" and req.stop and tokens[-1] not in eos:
-            stop = _stop_hit(self.tokenizer.decode(tokens), "".join(text), req.stop)
+            stop = stop_hit(self.tokenizer.decode(tokens), "".join(text), req.stop)
         done = _done(reason, stop, last)
         job.emit(done)
         return done
 
-    def _progress(self) -> Callable[[int, int], None]:
+    def prefill_progress(self) -> Callable[[int, int], None]:
         """A prefill callback that logs each chunk of a prompt longer than one."""
         tic = time.perf_counter()
 
@@ -365,23 +302,6 @@ class Worker(ModelThread):
                 self.log(f"prefill {done}/{total} prompt tokens ({seconds:.1f} s)")
 
         return progress
-
-
-def _token_logprob(tokenizer: Any, response: Any, top: int) -> TokenLogprob:
-    """The target's log-probability of `response.token` (the loop's `response.logprobs`,
-    the log-softmax of the target's logits there, as in mlx-lm) and its `top` alternatives."""
-    logprobs = response.logprobs
-    alternatives: tuple = ()
-    if top:
-        ids = mx.argpartition(-logprobs, top - 1)[:top]
-        ranked = sorted(zip(logprobs[ids].tolist(), ids.tolist()), reverse=True)
-        alternatives = tuple((tokenizer.decode([i]), value) for value, i in ranked)
-    return TokenLogprob(tokenizer.decode([response.token]), logprobs[response.token].item(), alternatives)
-
-
-def _stop_hit(whole: str, sent: str, stops: Sequence[str]) -> Optional[str]:
-    """The stop string that ended a generation: the text sent stops where it begins."""
-    return next((s for s in stops if whole.startswith(s, len(sent))), None)
 
 
 def _done(reason: str, stop: Optional[str], last: Any) -> Done:

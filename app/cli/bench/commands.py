@@ -1,12 +1,13 @@
-"""`dflash bench`: four benchmarks, one subcommand each.
+"""`dflash bench`: five benchmarks, one subcommand each.
 
     dflash bench speed [...]                 plain mlx-lm vs ours (vs z-lab's loop), one table
     dflash bench context --lengths 512,... [...]   decode speed and tau after long contexts
     dflash bench verify-cost [...]           a verify of n = 1..64 rows against a plain step
     dflash bench kernels [...]               the verify kernel against mx.quantized_matmul
+    dflash bench concurrency --levels 1,2,4,8 [...]   dflash serve vs mlx_lm.server, N clients at once
 
 `dflash bench` alone runs `speed` with its defaults. Each parses its options, runs the
-benchmark in its module (`speed.py`, `context.py`, `verify.py`, `kernels.py`) under a
+benchmark in its module (`speed.py`, `context.py`, `verify.py`, `kernels.py`, `concurrency.py`) under a
 status line on stderr, and prints its table (`--json`: the report too).
 """
 
@@ -201,3 +202,41 @@ def kernels(
         report = run_kernel_bench(model, progress=status.update)
     print(kernel_table(report))
     write_json(report, json_out)
+
+
+@bench_app.command()
+@one_line_errors
+def concurrency(
+    levels: str = typer.Option("1,2,4,8", "--levels", help="Numbers of concurrent clients, comma-separated."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    prompts: List[str] = typer.Option(
+        ["heldout"], "--prompts", help="Prompt files or shipped held-out sets (default: heldout)."
+    ),
+    max_tokens: int = typer.Option(64, "--max-tokens", "-m"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help=JSON_HELP),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw it into this PNG."),
+) -> None:
+    """`dflash serve` beside mlx_lm.server (decode and prompt concurrency 8) on the same
+    target: N concurrent greedy chat completions each, aggregate tokens/s, p50/p95
+    latency, time to first token, and each text against that server's solo text."""
+    from rich.console import Console
+
+    from . import concurrency as bench
+
+    counts = _numbers(levels)
+    bench.check_arguments(counts, max_tokens)
+    print("\n".join(bench.concurrency_header(max_tokens)), flush=True)
+    with Console(stderr=True).status("benchmarking concurrent clients") as status:
+        report = bench.run_concurrency_bench(
+            model,
+            draft,
+            counts,
+            read_prompts(prompts)[0],
+            max_tokens=max_tokens,
+            progress=status.update,
+            on_row=lambda row: print(bench.concurrency_line(row), flush=True),
+        )
+    write_json(report, json_out)
+    if plot:
+        bench.plot_concurrency(report["results"], plot)

@@ -1,0 +1,282 @@
+"""Continuous batching on the server's worker thread: concurrent requests share target steps.
+
+Everything runs on the worker's one thread (`worker.Worker`, which owns the model, the
+drafter, the prompt-cache pool and the inbox); the scheduler decides what that thread
+does next. A request alone decodes speculatively with the drafter, as before. When
+another arrives, the running one stops at the end of its cycle and both go on as rows of
+one `dflash_mlx.batch.BatchDecoder` (plain one-token steps of the target, every row with
+its own sampling); newcomers join while there is room (`max_batch` rows, the rest wait
+in order), their prompts prefilled one chunk between two batch steps so that a long
+prompt does not stall the others. A row leaves at its end (EOS, a stop string,
+`max_tokens`) or when its client goes away. A row left alone with `RESUME` tokens or more
+to go returns to speculative decoding.
+
+Hand-overs are exact: a row's token at position t is drawn from the key (seed, t) alone,
+in the batch as in the speculative loop, so a request that moves (prompt and the tokens
+it has so far prefilled into a fresh cache, its last token fed next) continues with the
+very tokens it would have drawn alone. Each request keeps its own `TokenText` (its
+detokenizer and stop strings), fed its tokens whichever decoding drew them, so its text,
+stop and finish reason never depend on who shared the batch.
+
+`policy` says when requests are served one at a time instead (today's path in
+`worker`): `--max-batch 1`, under `mlx.launch`, a quantized KV cache, a target family
+with no tested batch form (`dflash_mlx.batch.refusal`).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, NamedTuple, Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from app.model_thread import describe_error
+from app.server.jobs import Delta, Done, Job, stop_hit, token_logprob
+from dflash_mlx import DecodeOptions
+from dflash_mlx.batch import BatchDecoder, prefill, refusal
+from dflash_mlx.text import TokenText
+
+__all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "policy"]
+
+#: Requests decoded together at most, by default (`dflash serve --max-batch`).
+MAX_BATCH = 8
+
+SOLO = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
+#: Tokens a lone row must still have to go back to speculative decoding (fewer: not worth a prefill).
+RESUME = 32
+
+
+def policy(max_batch: int, model: Any, options: DecodeOptions, ranks: Any = None) -> tuple[bool, str]:
+    """Whether requests decode together, and the queue's policy in words (`/health`, the
+    start-up log)."""
+    if max_batch == 1:
+        reason: Optional[str] = "--max-batch 1"
+    elif ranks is not None:
+        reason = "under mlx.launch every rank decodes each request"
+    elif options.kv_bits is not None:
+        reason = "--kv-bits: a quantized KV cache has no batch form"
+    else:
+        reason = refusal(model)
+    if reason is not None:
+        return False, f"{SOLO} ({reason})"
+    return True, (
+        f"continuous batching: up to {max_batch} requests decode together on one worker thread "
+        "(a request alone decodes speculatively), the rest wait in order"
+    )
+
+
+@dataclass(eq=False)
+class Running:
+    """A started request: its tokens so far, its text stream, its end once it came."""
+
+    job: Job
+    options: DecodeOptions  # sampled requests carry their seed
+    stream: TokenText
+    queue_seconds: float
+    tokens: list[int] = field(default_factory=list)
+    sent: list[str] = field(default_factory=list)
+    reason: Optional[str] = None  # its finish reason, once it ended
+    stats: Any = None  # the speculative loop's, while the request has decoded alone
+    batched: bool = False
+    cached: int = 0  # prompt tokens read from a pooled cache
+    prompt_seconds: float = 0.0
+    first: float = 0.0  # when its first token came
+
+    @property
+    def left(self) -> int:
+        """Tokens it may still generate."""
+        return self.job.request.max_tokens - len(self.tokens)
+
+    def accept(self, tokenizer: Any, token: int, logprobs: Optional[mx.array]) -> bool:
+        """Take the request's next token and its log-probabilities (V,) (whichever
+        decoding drew it), emit its text; True when the request ends with it."""
+        req, n = self.job.request, len(self.tokens) + 1
+        self.tokens.append(token)
+        self.job.generated = n
+        self.first = self.first or time.perf_counter()
+        text, self.reason = self.stream.push(token, n)
+        # as OpenAI does, an EOS token has no log-probability entry (it has no text)
+        wanted = req.logprobs is not None and token not in tokenizer.eos_token_ids
+        entry = (token_logprob(tokenizer, token, logprobs, req.logprobs),) if wanted else ()
+        if text:
+            self.sent.append(text)
+        if text or entry:
+            self.job.emit(Delta(text, entry))
+        return self.reason is not None
+
+    def done(self, tokenizer: Any) -> Done:
+        """Its `Done` (the stop string that ended it, speed, the speculative stats where it
+        decoded alone from start to end)."""
+        req, stop, reason = self.job.request, None, self.reason or "cancelled"
+        if reason == "stop" and req.stop and self.tokens[-1] not in tokenizer.eos_token_ids:
+            stop = stop_hit(tokenizer.decode(self.tokens), "".join(self.sent), req.stop)
+        seconds = time.perf_counter() - self.first if self.first else 0.0
+        tps = len(self.tokens) / seconds if seconds > 0 else 0.0
+        prompt_tps = (len(req.prompt) - self.cached) / self.prompt_seconds if self.prompt_seconds else 0.0
+        stats = None if self.batched else self.stats
+        return Done(
+            reason, stop, len(self.tokens), len(req.prompt), self.cached, stats, tps, prompt_tps, self.queue_seconds
+        )
+
+
+class _Joining(NamedTuple):
+    """A request on its way into the batch: its cache, its prefill's chunks, and how many
+    tokens that prefill feeds."""
+
+    run: Running
+    cache: list
+    chunks: Iterator[int]
+    total: int
+
+
+class Scheduler:
+    """Runs requests on `worker`'s thread, batched while several are there (see the module
+    docstring). `worker` is the `worker.Worker` whose thread calls `serve`."""
+
+    def __init__(self, worker: Any, max_batch: int):
+        self.worker, self.max_batch = worker, max_batch
+        self.batched, self.policy = policy(max_batch, worker.model, worker.options, worker.ranks)
+        self.jobs: list[Job] = []  # requests started and not ended (any thread may read it)
+        self.stopping = False  # the inbox said stop while a batch ran
+        self.resumed = 0  # rows that went back to speculative decoding
+
+    def serve(self, job: Job) -> None:
+        """Run `job`, and every request that joins it, to their ends."""
+        run: Optional[Running] = self._start(job)
+        try:
+            while run is not None:
+                self._alone(run)
+                if run.reason is not None or run.job.cancelled.is_set():
+                    self._finish(run)
+                    return
+                run = self._batch(run)
+        except Exception as exc:  # every request that was running hears of it
+            message = describe_error(exc)
+            for failed in self.jobs:
+                self.worker.failed(failed, message)
+            self.jobs.clear()
+
+    def _start(self, job: Job) -> Running:
+        req, queued = job.request, time.perf_counter() - job.queued_at
+        self.jobs.append(job)
+        stream = TokenText(self.worker.tokenizer, req.stop, req.max_tokens)
+        return Running(job, self.worker.request_options(req), stream, queued)
+
+    def _finish(self, run: Running) -> None:
+        done = run.done(self.worker.tokenizer)
+        run.job.emit(done)
+        self.jobs.remove(run.job)
+        self.worker.finished(done)
+
+    def _waiting(self) -> bool:
+        return not self.worker.inbox.empty()
+
+    def _alone(self, run: Running) -> None:
+        """Decode `run` speculatively until it ends, is cancelled, or (once it has a token
+        more) another request waits."""
+        if run.job.cancelled.is_set():  # before it started (its client left while it waited)
+            return
+        w, req, fresh = self.worker, run.job.request, not run.tokens
+        prompt = req.prompt + run.tokens
+        cache = w.pool.take(prompt)
+        tic, had = time.perf_counter(), len(run.tokens)
+
+        def stops() -> bool:
+            return run.job.cancelled.is_set() or run.reason is not None or (len(run.tokens) > had and self._waiting())
+
+        def response(r: Any) -> None:
+            if run.reason is None:
+                if fresh and not run.tokens:
+                    run.cached, run.prompt_seconds = r.stats.prompt_cached, time.perf_counter() - tic
+                run.stats = r.stats
+                run.accept(w.tokenizer, r.token, r.logprobs)
+
+        w.decode(
+            prompt,
+            w.draft,
+            run.options,
+            cache,
+            max_tokens=run.left,
+            cancelled=stops,
+            on_response=response,
+            drop_cache=lambda: w.pool.drop(cache),
+            on_prefill=w.prefill_progress(),
+        )
+
+    def _batch(self, first: Running) -> Optional[Running]:
+        """Decode `first` and whoever comes as rows of one batch, until none is left (None)
+        or one is left alone with `RESUME` tokens to go (that one, to decode alone)."""
+        decoder, rows = BatchDecoder(self.worker.model), {}
+        joining = [self._joining(first)]
+        while True:
+            self._admit(joining, len(rows))
+            if joining:
+                self._prefill_chunk(decoder, rows, joining)
+            self._drop_cancelled(decoder, rows, joining)
+            if rows:
+                self._step(decoder, rows)
+            if not rows and not joining:
+                return None
+            if len(rows) == 1 and not joining and not self._waiting():
+                ((uid, run),) = rows.items()
+                if run.left >= RESUME:
+                    decoder.remove(uid)
+                    self.resumed += 1
+                    return run
+
+    def _joining(self, run: Running) -> _Joining:
+        """`run` on its way into the batch: a fresh cache, and the prefill of its prompt
+        and tokens but the last (fed by its first step)."""
+        fed = run.job.request.prompt + run.tokens
+        cache = make_prompt_cache(self.worker.model)
+        run.batched = True
+        return _Joining(run, cache, prefill(self.worker.model, fed[:-1], cache), len(fed) - 1)
+
+    def _admit(self, joining: list, rows: int) -> None:
+        """Start waiting requests while the batch has room."""
+        while not self.stopping and rows + len(joining) < self.max_batch:
+            try:
+                job = self.worker.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:  # the worker is stopping: finish what runs, start nothing more
+                self.stopping = True
+                return
+            joining.append(self._joining(self._start(job)))
+
+    def _prefill_chunk(self, decoder: BatchDecoder, rows: dict, joining: list) -> None:
+        """One prefill chunk of the first joining request; it joins the batch after its last."""
+        entry, tic = joining[0], time.perf_counter()
+        fed = next(entry.chunks, entry.total)
+        run = entry.run
+        run.prompt_seconds += time.perf_counter() - tic
+        if fed < entry.total:
+            return
+        joining.pop(0)
+        req = run.job.request
+        last = (req.prompt + run.tokens)[-1]
+        rows[decoder.add(entry.cache, last, run.options.sampling(), logprobs=req.logprobs is not None)] = run
+
+    def _drop_cancelled(self, decoder: BatchDecoder, rows: dict, joining: list) -> None:
+        for uid, run in list(rows.items()):
+            if run.job.cancelled.is_set():
+                decoder.remove(uid)
+                del rows[uid]
+                self._finish(run)
+        for entry in [e for e in joining if e.run.job.cancelled.is_set()]:
+            joining.remove(entry)
+            self._finish(entry.run)
+
+    def _step(self, decoder: BatchDecoder, rows: dict) -> None:
+        """One batch step: every row's next token; rows that end leave."""
+        drawn = decoder.step()
+        self.worker.metrics.stepped(len(drawn))
+        for uid, token, logprobs in drawn:
+            run = rows[uid]
+            if run.accept(self.worker.tokenizer, token, logprobs):
+                decoder.remove(uid)
+                del rows[uid]
+                self._finish(run)
