@@ -4,7 +4,7 @@
     dflash bench context --lengths 512,... [...]   decode speed and tau after long contexts
     dflash bench verify-cost [...]           a verify of n = 1..64 rows against a plain step
     dflash bench kernels [...]               the verify kernel against mx.quantized_matmul
-    dflash bench concurrency --levels 1,2,4,8 [...]   dflash serve vs mlx_lm.server, N clients at once
+    dflash bench concurrency 1,2,4,8 [...]   dflash serve against mlx_lm.server under N clients
 
 `dflash bench` alone runs `speed` with its defaults. Each parses its options, runs the
 benchmark in its module (`speed.py`, `context.py`, `verify.py`, `kernels.py`, `concurrency.py`) under a
@@ -207,36 +207,50 @@ def kernels(
 @bench_app.command()
 @one_line_errors
 def concurrency(
-    levels: str = typer.Option("1,2,4,8", "--levels", help="Numbers of concurrent clients, comma-separated."),
+    levels: str = typer.Argument("1,2,4,8", help="Concurrent clients, comma-separated (1 always runs first)."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter for dflash serve (default: the shipped one)."),
     prompts: List[str] = typer.Option(
-        ["heldout"], "--prompts", help="Prompt files or shipped held-out sets (default: heldout)."
+        ["heldout"], "--prompts", help="Prompt files or shipped held-out sets (default: the 40 held-out prompts)."
     ),
+    limit: int = typer.Option(32, "--limit", help="Use the first this many prompts."),
     max_tokens: int = typer.Option(64, "--max-tokens", "-m"),
+    mlx_lm_batch: int = typer.Option(
+        8, "--mlx-lm-batch", help="mlx_lm.server's --decode-concurrency and --prompt-concurrency."
+    ),
     json_out: Optional[Path] = typer.Option(None, "--json", help=JSON_HELP),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw it into this PNG."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw tokens/s against clients into this PNG."),
 ) -> None:
-    """`dflash serve` beside mlx_lm.server (decode and prompt concurrency 8) on the same
-    target: N concurrent greedy chat completions each, aggregate tokens/s, p50/p95
-    latency, time to first token, and each text against that server's solo text."""
+    """dflash serve against mlx_lm.server (batched) under N concurrent clients: aggregate tokens/s,
+    latency and time to first token side by side, every answer checked against its solo answer."""
     from rich.console import Console
 
-    from . import concurrency as bench
+    from .concurrency import concurrency_table, plot_concurrency, run_concurrency_bench
 
-    counts = _numbers(levels)
-    bench.check_arguments(counts, max_tokens)
-    print("\n".join(bench.concurrency_header(max_tokens)), flush=True)
-    with Console(stderr=True).status("benchmarking concurrent clients") as status:
-        report = bench.run_concurrency_bench(
-            model,
-            draft,
-            counts,
-            read_prompts(prompts)[0],
+    try:
+        clients = _numbers(levels)
+    except ValueError:
+        raise ValueError(f"LEVELS must be comma-separated integers, got {levels!r}") from None
+    if not clients or min(clients) < 1:
+        raise ValueError(f"LEVELS must be integers >= 1, got {levels!r}")
+    for flag, value in (("--limit", limit), ("--max-tokens", max_tokens), ("--mlx-lm-batch", mlx_lm_batch)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    for flag, path in (("--json", json_out), ("--plot", plot)):
+        if path is not None and not path.parent.is_dir():
+            raise ValueError(f"{flag}: no directory {path.parent}")
+    texts = read_prompts(prompts)[0][:limit]
+    with Console(stderr=True).status("benchmarking concurrency") as status:
+        report = run_concurrency_bench(
+            clients,
+            texts,
+            model=model,
+            draft=draft,
             max_tokens=max_tokens,
+            mlx_lm_batch=mlx_lm_batch,
             progress=status.update,
-            on_row=lambda row: print(bench.concurrency_line(row), flush=True),
         )
+    print(concurrency_table(report))
     write_json(report, json_out)
     if plot:
-        bench.plot_concurrency(report["results"], plot)
+        plot_concurrency(report, plot)

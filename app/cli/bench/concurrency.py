@@ -1,217 +1,228 @@
-"""`dflash bench concurrency`: `dflash serve` beside `mlx_lm.server` under N clients at once.
+"""`dflash bench concurrency`: `dflash serve` against `mlx_lm.server` under N concurrent clients.
 
-Both servers run as their own processes on loopback over the same target: `dflash serve`
-with its defaults (continuous batching; a request alone decodes speculatively) and
-`mlx_lm.server --decode-concurrency 8 --prompt-concurrency 8` (mlx-lm's continuous
-batching, no drafter). Each first answers every prompt alone (its solo texts). Then for
-each N, N greedy chat completions of the prompts (in turn) are streamed to one server at
-once, then to the other: aggregate tokens/s (all completion tokens over the wall time of
-the N), p50 / p95 latency, p50 time to first token, and whether every text equals that
-server's solo text of its prompt. Only plain HTTP (httpx): what a client sees.
+Both servers run the same target, side by side in one run (`mlx_lm.server` with
+`--decode-concurrency` and `--prompt-concurrency` at `--mlx-lm-batch`, and OpenBLAS loaded
+as under ours: without it MLX's CPU backend runs its reference BLAS at about half the
+speed, which would flatter us). At each level N, N clients share the prompts, each asking
+its share one after the other: streamed greedy chat completions over HTTP, as an app
+would. Per server and level: aggregate tokens/s (completion tokens over the level's wall
+time), p50/p95 latency and time to first token. Every answer is checked against the one
+that server gave that prompt alone (level 1, always run first): batching must not change
+a text.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import http.client
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-import httpx
-
-from dflash_mlx import default_model_path
-
-__all__ = ["check_arguments", "concurrency_header", "concurrency_line", "plot_concurrency", "run_concurrency_bench"]
-
-#: mlx_lm.server's decode and prompt concurrency (its batch), as `dflash serve --max-batch` defaults.
-MLX_LM_CONCURRENCY = 8
-STARTUP_SECONDS = 600
+#: How `mlx_lm.server` is started: OpenBLAS first (`import dflash_mlx`), then its own main.
+MLX_LM_SERVER = "import sys, dflash_mlx; from mlx_lm.server import main; sys.argv[0] = 'mlx_lm.server'; main()"
+START_SECONDS = 600  # a server that is not answering by then has failed
 
 
-def _free_port() -> int:
+@dataclass
+class Answer:
+    """One completion as a client saw it."""
+
+    text: str
+    tokens: int
+    ttft: float  # seconds to the first content
+    latency: float  # seconds to the end
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nobody listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def server_commands(model: str, draft: Optional[str], port: int) -> dict[str, list[str]]:
-    """The command line of each server on `port` (dflash) and `port + 1` (mlx-lm)."""
-    ours = [sys.executable, "-m", "app.cli", "serve", "--model", model, "--port", str(port)]
-    theirs = [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port + 1)]
-    theirs += ["--decode-concurrency", str(MLX_LM_CONCURRENCY), "--prompt-concurrency", str(MLX_LM_CONCURRENCY)]
-    return {"dflash": ours + (["--draft", draft] if draft else []), "mlx_lm": theirs}
-
-
-@contextlib.contextmanager
-def _running(name: str, command: list[str], url: str) -> Iterator[None]:
-    """`command` started and answering `url`/v1/models; stopped on the way out."""
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+def start_server(name: str, argv: list[str], port: int, log: Path) -> subprocess.Popen:
+    """Start a server and wait until it answers GET /v1/models; one line if it dies or hangs."""
+    proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} while starting (its log: {log})")
         try:
-            deadline = time.monotonic() + STARTUP_SECONDS
-            while not _answers(url):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    last = (log.read().strip().splitlines() or ["no output"])[-1]
-                    raise RuntimeError(f"{name} did not start: {last}")
-                time.sleep(0.5)
-            yield
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/v1/models")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            time.sleep(1)
+    proc.kill()
+    raise RuntimeError(f"{name} did not answer within {START_SECONDS} s (its log: {log})")
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-async def _one(http: httpx.AsyncClient, body: dict) -> dict:
-    """One streamed chat completion: its text, tokens, time to first token and latency."""
-    tic, first, text, tokens = time.perf_counter(), None, [], 0
-    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[len("data: ") :])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            piece = "".join(c.get("delta", {}).get("content") or "" for c in event.get("choices") or ())
-            if piece:
-                first = first or time.perf_counter()
-                text.append(piece)
-    done = time.perf_counter()
-    return {"text": "".join(text), "tokens": tokens, "ttft": (first or done) - tic, "latency": done - tic}
-
-
-async def _at_once(url: str, bodies: Sequence[dict]) -> tuple[list[dict], float]:
-    """Every body sent at once; their results and the wall time."""
-    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
-        tic = time.perf_counter()
-        results = await asyncio.gather(*(_one(http, b) for b in bodies))
-        return list(results), time.perf_counter() - tic
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    ranked = sorted(values)
-    return ranked[min(len(ranked) - 1, round(q * (len(ranked) - 1)))]
-
-
-def _body(prompt: str, max_tokens: int, model: str) -> dict:
-    messages = [{"role": "user", "content": prompt}]
-    return {
-        "model": model,
-        "messages": messages,
+def ask(port: int, prompt: str, max_tokens: int) -> Answer:
+    """One streamed greedy chat completion; its usage gives the token count."""
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    tic = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"the server answered {resp.status}: {resp.read()[:200]!r}")
+    text, tokens, ttft = [], 0, None
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[5:])
+        for choice in event.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") or ""
+            if piece and ttft is None:
+                ttft = time.perf_counter() - tic
+            text.append(piece)
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+    latency = time.perf_counter() - tic
+    return Answer("".join(text), tokens, latency if ttft is None else ttft, latency)
 
 
-def _row(server: str, n: int, results: list[dict], wall: float, solo: Sequence[str]) -> dict:
-    tokens = sum(r["tokens"] for r in results)
-    latencies, ttfts = [r["latency"] for r in results], [r["ttft"] for r in results]
-    same = sum(r["text"] == solo[i % len(solo)] for i, r in enumerate(results))
+def run_level(port: int, prompts: Sequence[str], clients: int, max_tokens: int) -> tuple[list[Answer], float]:
+    """`clients` threads share the prompts (client c asks prompts c, c + N, ...); the
+    answers in prompt order and the level's wall seconds."""
+    answers: list[Optional[Answer]] = [None] * len(prompts)
+    errors: list[BaseException] = []
+
+    def client(c: int) -> None:
+        try:
+            for i in range(c, len(prompts), clients):
+                answers[i] = ask(port, prompts[i], max_tokens)
+        except BaseException as e:  # reported once all clients are done
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    tic = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"a client failed with {clients} clients: {type(errors[0]).__name__}: {errors[0]}")
+    return answers, time.perf_counter() - tic  # type: ignore[return-value]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def summarize(answers: list[Answer], seconds: float, solo: Optional[list[Answer]]) -> dict:
+    """A level's numbers for one server."""
+    latencies, ttfts = [a.latency for a in answers], [a.ttft for a in answers]
     return {
-        "server": server,
-        "clients": n,
-        "tokens": tokens,
-        "seconds": round(wall, 3),
-        "tokens_per_second": round(tokens / wall, 2) if wall else 0.0,
-        "p50_latency": round(_percentile(latencies, 0.5), 3),
-        "p95_latency": round(_percentile(latencies, 0.95), 3),
-        "p50_ttft": round(_percentile(ttfts, 0.5), 3),
-        "solo_texts": same,
+        "tok_s": sum(a.tokens for a in answers) / seconds,
+        "seconds": seconds,
+        "latency_p50": _percentile(latencies, 50),
+        "latency_p95": _percentile(latencies, 95),
+        "ttft_p50": _percentile(ttfts, 50),
+        "ttft_p95": _percentile(ttfts, 95),
+        "same_as_solo": sum(a.text == s.text for a, s in zip(answers, solo or answers)),
+        "answers": len(answers),
     }
 
 
-def check_arguments(levels: Sequence[int], max_tokens: int) -> None:
-    """A one-line ValueError naming the flag for a bad number of clients or tokens."""
-    if not levels or any(n < 1 for n in levels):
-        raise ValueError(f"--levels must be integers >= 1, got {list(levels)}")
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+def server_commands(model: Optional[str], draft: Optional[str], mlx_lm_batch: int) -> dict[str, Callable]:
+    """Per server, a function of the port that gives its command line."""
+    from dflash_mlx import default_model_path
+
+    path = model or str(default_model_path())
+    ours = [sys.executable, "-m", "app.cli", "serve", "--model", path] + (["--draft", draft] if draft else [])
+    theirs = [sys.executable, "-c", MLX_LM_SERVER, "--model", path]
+    theirs += ["--decode-concurrency", str(mlx_lm_batch), "--prompt-concurrency", str(mlx_lm_batch)]
+    return {
+        "dflash serve": lambda port: ours + ["--port", str(port)],
+        "mlx_lm.server": lambda port: theirs + ["--port", str(port)],
+    }
 
 
 def run_concurrency_bench(
-    model: Optional[str],
-    draft: Optional[str],
     levels: Sequence[int],
     prompts: Sequence[str],
+    *,
+    model: Optional[str] = None,
+    draft: Optional[str] = None,
     max_tokens: int = 64,
-    progress: Callable[[str], None] = lambda _: None,
-    on_row: Callable[[dict], None] = lambda _: None,
+    mlx_lm_batch: int = 8,
+    progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
-    """Both servers at each number of concurrent clients in `levels`; the report (one row
-    per server and level). `model`: a model directory or Hub repo both servers load (None:
-    the default model)."""
-    check_arguments(levels, max_tokens)
-    model = model or str(default_model_path())
-    prompts, port, rows = list(prompts)[: max(levels)], _free_port(), []
-    for server, command in server_commands(model, draft, port).items():
-        url = f"http://127.0.0.1:{port + (server == 'mlx_lm')}"
-        progress(f"starting {server}")
-        with _running(server, command, url):
-            progress(f"{server}: solo texts")
-            solo = [asyncio.run(_at_once(url, [_body(p, max_tokens, model)]))[0][0]["text"] for p in prompts]
-            for n in levels:
-                progress(f"{server}: {n} clients at once")
-                bodies = [_body(prompts[i % len(prompts)], max_tokens, model) for i in range(n)]
-                row = _row(server, n, *asyncio.run(_at_once(url, bodies)), solo)
-                rows.append(row)
-                on_row(row)
-    return {"model": model, "max_tokens": max_tokens, "prompts": len(prompts), "results": rows}
+    """Both servers at every level (1 first: the solo answers); the report."""
+    levels = [1] + [n for n in levels if n != 1]
+    logs = Path(tempfile.mkdtemp(prefix="dflash-bench-concurrency-"))
+    procs, ports, rows = {}, {}, []
+    solo: dict[str, list[Answer]] = {}
+    try:
+        for name, command in server_commands(model, draft, mlx_lm_batch).items():
+            progress(f"starting {name}")
+            ports[name] = free_port()
+            procs[name] = start_server(name, command(ports[name]), ports[name], logs / f"{name.split()[0]}.log")
+        for n in levels:
+            row = {"clients": n}
+            for name, port in ports.items():
+                progress(f"{name}: {n} clients, {len(prompts)} prompts")
+                answers, seconds = run_level(port, prompts, n, max_tokens)
+                solo.setdefault(name, answers)
+                row[name] = summarize(answers, seconds, solo[name])
+            rows.append(row)
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(30)
+    return {"max_tokens": max_tokens, "prompts": len(prompts), "mlx_lm_batch": mlx_lm_batch, "rows": rows}
 
 
-def concurrency_header(max_tokens: int) -> list[str]:
-    """The table's head."""
-    return [
-        f"N concurrent greedy chat completions of {max_tokens} tokens; solo: texts equal to the server's own solo text",
-        "| server | N | tokens/s | p50 latency (s) | p95 latency (s) | p50 TTFT (s) | solo |",
-        "|---|---|---|---|---|---|---|",
-    ]
-
-
-def concurrency_line(row: dict) -> str:
-    """One table row."""
-    return (
-        f"| {row['server']} | {row['clients']} | {row['tokens_per_second']:.1f} | {row['p50_latency']:.2f} | "
-        f"{row['p95_latency']:.2f} | {row['p50_ttft']:.2f} | {row['solo_texts']}/{row['clients']} |"
+def concurrency_table(report: dict) -> str:
+    """Markdown: aggregate tok/s, the ratio, p50 latency and TTFT of both, texts equal to solo."""
+    head = (
+        "| clients | dflash serve tok/s | mlx_lm.server tok/s | ratio | p50 / p95 latency s (ours, theirs) "
+        "| p50 TTFT s (ours, theirs) | same as solo (ours, theirs) |"
     )
+    lines = [head, "|---:|---:|---:|---:|---|---|---|"]
+    for row in report["rows"]:
+        a, b = row["dflash serve"], row["mlx_lm.server"]
+        lines.append(
+            f"| {row['clients']} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {a['tok_s'] / b['tok_s']:.2f}x "
+            f"| {a['latency_p50']:.2f} / {a['latency_p95']:.2f}, {b['latency_p50']:.2f} / {b['latency_p95']:.2f} "
+            f"| {a['ttft_p50']:.2f}, {b['ttft_p50']:.2f} "
+            f"| {a['same_as_solo']}/{a['answers']}, {b['same_as_solo']}/{b['answers']} |"
+        )
+    return "\n".join(lines)
 
 
-def plot_concurrency(rows: Sequence[dict], path: str | Path) -> None:
-    """Aggregate tokens/s (left) and p50 latency (right) of both servers against N, as a PNG."""
-    from dflash_mlx.train.curves import pyplot
+def plot_concurrency(report: dict, path: Path) -> None:
+    """Aggregate tokens/s against clients, both servers, into a PNG."""
+    import matplotlib
 
-    plt = pyplot()
-    fig, (speed, latency) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for server in dict.fromkeys(r["server"] for r in rows):
-        mine = sorted((r for r in rows if r["server"] == server), key=lambda r: r["clients"])
-        x = [r["clients"] for r in mine]
-        speed.plot(x, [r["tokens_per_second"] for r in mine], "o-", label=server)
-        latency.plot(x, [r["p50_latency"] for r in mine], "o-", label=server)
-    speed.set_ylabel("aggregate tokens/s")
-    latency.set_ylabel("p50 latency (s)")
-    for ax in (speed, latency):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients = [row["clients"] for row in report["rows"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("dflash serve", "mlx_lm.server"):
+        ax.plot(clients, [row[name]["tok_s"] for row in report["rows"]], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title(f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy")
+    ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.savefig(path)
