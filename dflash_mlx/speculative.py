@@ -271,13 +271,16 @@ def generate(
     tokenizer,
     prompt: Union[str, Sequence[int]],
     draft_model: Optional[Drafter] = None,
+    options: Optional[DecodeOptions] = None,
+    *,
     verbose: bool = False,
     **kwargs,
 ) -> str:
-    """Generate a complete response; with `verbose`, stream it and print the stats."""
+    """Generate a complete response, taking `options` and keywords as `stream_generate`
+    does; with `verbose`, stream it to stdout and print the stats (else print nothing)."""
     text = ""
     response = None
-    for response in stream_generate(model, tokenizer, prompt, draft_model, **kwargs):
+    for response in stream_generate(model, tokenizer, prompt, draft_model, options, **kwargs):
         if verbose:
             print(response.text, end="", flush=True)
         text += response.text

@@ -6,6 +6,9 @@ loop picks change what is committed.
   float32) at T=0.8 with top-p: fixed blocks of 2, 4 and 8, adaptive, a DFlash2 drafter and
   the target alone (`draft_model=None`) give token-identical output for one seed, and
   another seed gives other text.
+* `dflash_mlx.generate` takes a `DecodeOptions` positionally after the drafter, as
+  `stream_generate` does: the same text as its fields given as keywords, and nothing on
+  stdout unless `verbose=True` (issue 44).
 * The CLI: `dflash generate --temp 0.8 --seed 1` prints the same text with and without
   `--no-draft` and with `--profile` (and the stats go to stderr, so stdout can be diffed).
 """
@@ -17,7 +20,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 from typer.testing import CliRunner
 
 from app.cli.main import app
-from dflash_mlx import load_draft, stream_generate
+from dflash_mlx import DecodeOptions, generate, load_draft, stream_generate
 from dflash_mlx.drafter2 import Drafter2
 from dflash_mlx.loading import DEFAULT_DRAFT_DIR
 
@@ -42,6 +45,20 @@ def test_same_seed_same_text_at_any_block_size(default_model):
     for key, tokens in runs.items():
         assert tokens == alone, f"block size {key}: the text depends on the block size"
     assert _tokens(model, tokenizer, drafter, seed=4) != alone
+
+
+def test_generate_takes_options_positionally_and_prints_nothing(default_model, capsys):
+    model, tokenizer = default_model
+    drafter = load_draft(str(DEFAULT_DRAFT_DIR), model=model)
+    prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+    positional = generate(model, tokenizer, prompt, drafter, DecodeOptions(temp=0.9, seed=3), max_tokens=12)
+    keywords = generate(model, tokenizer, prompt, drafter, temp=0.9, seed=3, max_tokens=12)
+    greedy = generate(model, tokenizer, prompt, drafter, max_tokens=12)
+    assert positional == keywords and positional != greedy
+    assert capsys.readouterr().out == ""
+    verbose = generate(model, tokenizer, prompt, drafter, DecodeOptions(temp=0.9, seed=3), max_tokens=12, verbose=True)
+    out = capsys.readouterr().out
+    assert verbose == positional and out.startswith(positional + "\n") and "Generation: 12 tokens" in out
 
 
 def test_cli_seeded_text_equals_no_draft(default_model_dir):
