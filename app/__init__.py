@@ -6,7 +6,8 @@
 - `app/server/`: `dflash serve`, the OpenAI- and Anthropic-compatible HTTP server.
 
 Shared by them: `flags.py` (the decoding flags and slash commands, made from `DecodeOptions`'
-fields) and `model_thread.py` (the thread that owns the model, for the chat and the server).
+fields), `model_thread.py` (the thread that owns the model, for the chat and the server) and
+`version.py` (the `--version` line).
 
 The engine is reached through its public API (`dflash_mlx`, its `__all__`) and these
 modules only:

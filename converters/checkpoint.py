@@ -27,7 +27,6 @@ from dflash_mlx.drafter import DrafterConfig
 
 __all__ = [
     "DROPPED_KEYS",
-    "FLOAT_DTYPES",
     "TensorInfo",
     "Checkpoint",
     "open_checkpoint",
@@ -39,8 +38,6 @@ __all__ = [
 
 #: Copies of the target's embedding / head that some uploads carry; the drafter borrows the target's.
 DROPPED_KEYS = ("embed_tokens.weight", "lm_head.weight")
-#: The dtypes `--dtype` accepts.
-FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 TORCH_HINT = (
     "reading PyTorch checkpoints (.bin / .pt) needs torch: pip install 'mlx-dflash[torch]' (or pip install torch)"
 )

@@ -45,8 +45,8 @@ from dflash_mlx.errors import one_line
 from dflash_mlx.hub import ResolvedSource, resolve_source
 
 from .card import model_card, size_text
-from .checkpoint import FLOAT_DTYPES, Checkpoint, open_checkpoint, validate_tensors
-from .options import ConvertOptions, check_output
+from .checkpoint import Checkpoint, open_checkpoint, validate_tensors
+from .options import FLOAT_DTYPES, ConvertOptions, check_output
 
 __all__ = [
     "convert_drafter",

@@ -1,5 +1,6 @@
 """The options `dflash convert` shares between drafters and target models, and the checks
-every conversion makes before it reads or downloads anything."""
+every conversion makes before it reads or downloads anything. It imports nothing heavy:
+`dflash --help` reads it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .checkpoint import FLOAT_DTYPES
+__all__ = ["FLOAT_DTYPES", "Q_BITS", "Q_GROUP_SIZES", "ConvertOptions", "check_output"]
 
-__all__ = ["Q_BITS", "Q_GROUP_SIZES", "ConvertOptions", "check_output"]
-
+#: The dtypes `--dtype` accepts.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 Q_BITS = (2, 3, 4, 5, 6, 8)
 Q_GROUP_SIZES = (32, 64, 128)
 

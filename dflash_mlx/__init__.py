@@ -1,69 +1,60 @@
-"""mlx-dflash: DFlash block-diffusion speculative decoding on MLX."""
+"""mlx-dflash: DFlash block-diffusion speculative decoding on MLX.
+
+The public names load on first use (PEP 562): `from dflash_mlx import DecodeOptions`
+imports `options.py` alone, not mlx-lm, transformers and torch, so that the command
+line's help and argument checks answer at once.
+"""
+
+import importlib
+from typing import Any
 
 from .blas import preload as _preload_blas
 
 _preload_blas()  # must run before the first `import mlx`
 
-from .config import parse_layer_ids  # noqa: E402
-from .cycles import PREFILL_STEP  # noqa: E402
-from .defaults import cache_dir, default_model_path, shipped_drafter_dir  # noqa: E402
-from .drafter import Drafter, DrafterConfig  # noqa: E402
-from .drafter2 import Drafter2, Drafter2Config  # noqa: E402
-from .drafters import save_drafter  # noqa: E402
-from .errors import EXPECTED_ERRORS, one_line  # noqa: E402
-from .loading import load, load_draft  # noqa: E402
-from .messages import apply_chat_template, read_prompt_sources, user_messages  # noqa: E402
-from .options import DecodeOptions, OptionError  # noqa: E402
-from .pair import Pair  # noqa: E402
-from .policy import BlockSizePolicy, Width  # noqa: E402
-from .speculative import (  # noqa: E402
-    GenerationResponse,
-    PromptCache,
-    format_stats,
-    generate,
-    generate_step,
-    make_policy,
-    make_prompt_cache,
-    stream_generate,
-)
-from .sampling import SamplingParams  # noqa: E402
-from .stats import GenerationStats, histogram, tau  # noqa: E402
-from .tree_policy import TreePolicy  # noqa: E402
+#: Each public name, by the module that defines it.
+_HOMES = {
+    "config": ("parse_layer_ids",),
+    "cycles": ("PREFILL_STEP",),
+    "defaults": ("cache_dir", "default_model_path", "shipped_drafter_dir"),
+    "pair": ("Pair",),
+    "policy": ("BlockSizePolicy", "Width"),
+    "tree_policy": ("TreePolicy",),
+    "drafter": ("Drafter", "DrafterConfig"),
+    "drafter2": ("Drafter2", "Drafter2Config"),
+    "drafters": ("save_drafter",),
+    "errors": ("EXPECTED_ERRORS", "one_line"),
+    "loading": ("load", "load_draft"),
+    "messages": ("apply_chat_template", "read_prompt_sources", "user_messages"),
+    "options": ("DecodeOptions", "OptionError"),
+    "sequence": ("Sequence",),
+    "speculative": (
+        "GenerationResponse",
+        "PromptCache",
+        "format_stats",
+        "generate",
+        "generate_step",
+        "make_policy",
+        "make_prompt_cache",
+        "stream_generate",
+    ),
+    "sampling": ("SamplingParams",),
+    "stats": ("GenerationStats", "histogram", "tau"),
+}
+_MODULES = {name: module for module, names in _HOMES.items() for name in names}
 
-__all__ = [
-    "EXPECTED_ERRORS",
-    "PREFILL_STEP",
-    "BlockSizePolicy",
-    "DecodeOptions",
-    "Drafter",
-    "Drafter2",
-    "Drafter2Config",
-    "DrafterConfig",
-    "GenerationResponse",
-    "OptionError",
-    "GenerationStats",
-    "Pair",
-    "PromptCache",
-    "SamplingParams",
-    "TreePolicy",
-    "Width",
-    "apply_chat_template",
-    "cache_dir",
-    "default_model_path",
-    "format_stats",
-    "generate",
-    "generate_step",
-    "histogram",
-    "load",
-    "load_draft",
-    "make_policy",
-    "make_prompt_cache",
-    "one_line",
-    "parse_layer_ids",
-    "read_prompt_sources",
-    "save_drafter",
-    "shipped_drafter_dir",
-    "stream_generate",
-    "tau",
-    "user_messages",
-]
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for."""
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dflash_mlx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -14,8 +14,6 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
-from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
-
 from .kernels import metal_ready
 from .lookup import MAX_NGRAM
 from .sampling import SamplingParams, fresh_seed
@@ -48,6 +46,9 @@ def _integer(value: Any) -> bool:
 #: 2K / 4K / 7K tokens of context; 1024 keeps a draft within 1.25x its short-context cost
 #: at any length, and released drafters were trained on shorter sequences than that.
 DRAFT_WINDOW = 1024
+#: mlx-lm's `generate.DEFAULT_QUANTIZED_KV_START` (tests/test_options.py checks they agree),
+#: written out so that the options load without mlx-lm and `dflash --help` stays quick.
+QUANTIZED_KV_START = 5000
 #: First tokens kept beside the window (the system prompt's start: an attention sink).
 DRAFT_SINK = 8
 
@@ -112,7 +113,7 @@ class DecodeOptions:
     kv_bits: Optional[int] = option(None, KV_BITS, "bits of the target's quantized KV cache (mlx-lm's); None: off")
     kv_group_size: int = option(64, KV_GROUP, "group size of the KV cache quantization")
     quantized_kv_start: int = option(
-        DEFAULT_QUANTIZED_KV_START, TOKENS, "tokens the target's KV cache holds before it is quantized (with kv_bits)"
+        QUANTIZED_KV_START, TOKENS, "tokens the target's KV cache holds before it is quantized (with kv_bits)"
     )
 
     def __post_init__(self) -> None:

@@ -56,3 +56,10 @@ def test_the_block_size_is_resolved_against_the_drafter():
     assert adaptive.fixed(None) == adaptive
     with pytest.raises(OptionError, match="block_size must be at most the drafter's block size 8, got 9"):
         DecodeOptions(block_size=9).block_limit(drafter)
+
+
+def test_quantized_kv_start_is_mlx_lms():
+    """Written out in options.py so that `dflash --help` loads no mlx-lm; it must not drift."""
+    from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+
+    assert DecodeOptions().quantized_kv_start == DEFAULT_QUANTIZED_KV_START

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from app.flags import DRAFTING, KV_CACHE, add_arguments, flag_name, from_args
+from app.version import version_line
 from dflash_mlx import OptionError
 
 from .app import ChatApp
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dflash-chat",
         description="Chat with a local model through DFlash speculative decoding: the target's own text, faster.",
     )
+    p.add_argument("--version", action="version", version=version_line())
     p.add_argument("--model", default=None, help="Target model path or HF repo (default: built-in).")
     p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the target's).")
     p.add_argument("--max-tokens", type=int, default=512, help="Most tokens per reply.")

@@ -1,4 +1,5 @@
-"""What every `dflash` command shares: expected failures as one line, and shared help."""
+"""What every `dflash` command shares: expected failures as one line, the checks of the
+values several commands take, and shared help."""
 
 from __future__ import annotations
 

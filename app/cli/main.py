@@ -26,24 +26,39 @@ from app.cli.train import (
     train_command,
 )
 from app.flags import DRAFTING, KV_CACHE, SAMPLING, WINDOW, decode_flags
-from app.server.scheduler import MAX_BATCH
-from converters.convert import ConvertOptions, convert_drafter, convert_target_model, export_drafter
+from app.server import MAX_BATCH
+from app.version import version_line
 from converters.options import Q_BITS, Q_GROUP_SIZES
-from dflash_mlx import DecodeOptions, parse_layer_ids
+from dflash_mlx import DecodeOptions
 
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
 
 # Plain (click-style) help, not typer's Rich panels: typer >= 0.29 prints a value type after
 # every flag there (`--force <bool>`, even `--help <bool>`), and the plain formatter rewraps
 # docstring paragraphs to the terminal instead of keeping their source line breaks.
+# `-h` as well as `--help`: click hands the names down to every command and subcommand.
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="DFlash speculative decoding on MLX."
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="DFlash speculative decoding on MLX.",
 )
 app.add_typer(bench_app, name="bench")
 
 
+def _show_version(asked: bool) -> None:
+    if asked:
+        print(version_line())
+        raise typer.Exit()
+
+
 @app.callback()
-def _group() -> None:
+def _group(
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
     """DFlash speculative decoding on MLX."""
 
 
@@ -166,6 +181,9 @@ def convert_command(
     Hub downloads use the Hugging Face cache and token; HF_HUB_OFFLINE=1 works from the
     cache. With --target-model, SOURCE is a target LLM and mlx_lm.convert does the work.
     """
+    from converters.convert import ConvertOptions, convert_drafter, convert_target_model
+    from dflash_mlx import parse_layer_ids
+
     options = ConvertOptions(revision, dtype, quantize, q_bits, q_group_size, force)
     if target_model:
         if target or target_layer_ids:
@@ -185,6 +203,8 @@ def export_command(
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT_DIR if it exists."),
 ) -> None:
     """Export an MLX drafter to z-lab's PyTorch layout (for SGLang / vLLM / z-lab's loader)."""
+    from converters.convert import export_drafter
+
     export_drafter(draft_dir, output_dir, dtype=dtype, revision=revision, force=force)
 
 

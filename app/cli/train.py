@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence
 import typer
 
 from app.flags import decode_flags, typer_parameter
-from dflash_mlx import DecodeOptions, parse_layer_ids
+from dflash_mlx import DecodeOptions
 
 THREADS_HELP = "OpenBLAS threads: a number, or 'auto' (2 while /tmp/dflash-cpu.lock is free, 1 while it is held)."
 
@@ -233,6 +233,7 @@ TRAIN_OPTIONS = [
 
 def train_command(**values) -> None:
     """Train a DFlash (or DFlash2) drafter for a (frozen) target. Data-parallel under `mlx.launch`."""
+    from dflash_mlx import parse_layer_ids
     from dflash_mlx.train.checkpoint import restore_resume_point
     from dflash_mlx.train.loop import TrainArgs, train
     from dflash_mlx.train.threads import parse_threads

@@ -34,15 +34,13 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from app.model_thread import describe_error
+from app.server import MAX_BATCH
 from app.server.jobs import Delta, Done, Job, stop_hit, token_logprob
 from dflash_mlx import DecodeOptions
 from dflash_mlx.batch import BatchDecoder, prefill, refusal
 from dflash_mlx.text import TokenText
 
 __all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "policy"]
-
-#: Requests decoded together at most, by default (`dflash serve --max-batch`).
-MAX_BATCH = 8
 
 SOLO = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
 #: Tokens a lone row must still have to go back to speculative decoding (fewer: not worth a prefill).
