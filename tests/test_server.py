@@ -93,6 +93,8 @@ BAD = [
     ({"messages": user("hi"), "max_tokens": "ten"}, 400, "max_tokens"),
     ({"messages": user("hi"), "temperature": -0.5}, 400, "temperature"),
     ({"messages": user("hi"), "temperature": "hot"}, 400, "temperature"),
+    ({"messages": user("hi"), "temperature": 1e308}, 400, "temperature"),  # OpenAI caps it at 2
+    ({"messages": user("hi"), "temperature": 2.5}, 400, "temperature"),
     ({"messages": user("hi"), "top_p": 0}, 400, "top_p"),
     ({"messages": user("hi"), "top_p": 1.5}, 400, "top_p"),
     ({"messages": user("hi"), "top_k": -3}, 400, "top_k"),

@@ -30,6 +30,8 @@ __all__ = [
 
 #: Request fields by `DecodeOptions` field, where OpenAI names them differently.
 API_NAMES = {"temp": "temperature"}
+#: OpenAI's upper bound on `temperature` (Anthropic's is 1): above it the text is noise.
+MAX_TEMPERATURE = 2.0
 MAX_STOP = 16
 
 
@@ -173,10 +175,13 @@ def token_budget(body: dict, info: ModelInfo, prompt_tokens: int, *, required: b
 
 def decode_options(body: dict, server: DecodeOptions) -> DecodeOptions:
     """The server's options with the request's sampling fields (OpenAI's and Anthropic's
-    defaults: temperature 1; top_k -1 means off; any seed is taken modulo 2**63)."""
-    top_k, seed = integer(body, "top_k"), integer(body, "seed")
+    defaults: temperature 1, at most `MAX_TEMPERATURE`; top_k -1 means off; any seed is
+    taken modulo 2**63)."""
+    top_k, seed, temp = integer(body, "top_k"), integer(body, "seed"), _number(body, "temperature", 1.0)
+    if temp > MAX_TEMPERATURE:
+        raise APIError(f"'temperature' must be at most {MAX_TEMPERATURE:g}, got {temp:g}", param="temperature")
     sampling = dict(
-        temp=_number(body, "temperature", 1.0),
+        temp=temp,
         top_p=_number(body, "top_p", 1.0),
         top_k=0 if top_k in (None, -1) else top_k,
         seed=None if seed is None else seed % 2**63,
