@@ -19,15 +19,18 @@ prefix on the way, for the next.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
+import copy
 import json
 import os
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache, trim_prompt_cache
+from mlx.utils import tree_map
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from .drafter import Drafter
@@ -140,10 +143,30 @@ class PromptCache:
 CACHE_FORMAT = "dflash-prompt-cache/1"
 
 
+def _used_rows(layer: Any) -> Any:
+    """What to save of one target cache layer: a copy cut to the rows it holds. mlx-lm's
+    KV caches grow in steps of 256 rows and save the whole buffer (2 tokens of SmolLM2-135M
+    were 11.8 MB); a cut cache loads as a working one, which grows again from its end. A
+    rotating cache is cut only before it wraps (then its rows are in order); recurrent
+    states have no spare rows."""
+    if isinstance(layer, RotatingKVCache):
+        used = layer._idx if layer.offset == layer._idx else None
+    elif isinstance(layer, (KVCache, QuantizedKVCache)):
+        used = layer.offset
+    else:
+        return layer
+    if layer.keys is None or used is None:
+        return layer
+    cut = copy.copy(layer)  # the live cache keeps its buffer
+    cut.keys, cut.values = tree_map(lambda x: x[..., :used, :], (layer.keys, layer.values))  # (1, heads, used, dim)
+    return cut
+
+
 def save_file(path: str, cache: PromptCache, model_id: str, draft_id: str) -> None:
     """Write `cache` (a prefilled prefix) to `path` in mlx-lm's prompt cache format, tagged
-    with the format version and the ids of the target and drafter it belongs to. The
-    drafter's kept context goes as plain K/V; where it sits is in the metadata."""
+    with the format version and the ids of the target and drafter it belongs to: the rows
+    the caches hold, not their spare capacity (`_used_rows`). The drafter's kept context
+    goes as plain K/V; where it sits is in the metadata."""
     cache.flush()
     draft = []
     for c in cache.draft or []:
@@ -160,7 +183,7 @@ def save_file(path: str, cache: PromptCache, model_id: str, draft_id: str) -> No
         target_layers=str(len(cache.target)),
         draft_where=json.dumps(where),
     )
-    save_prompt_cache(path, cache.target + draft, metadata)
+    save_prompt_cache(path, [_used_rows(layer) for layer in cache.target] + draft, metadata)
 
 
 def cache_ids(model: Optional[str], draft: Optional[str], no_draft: bool = False) -> tuple[str, str]:

@@ -1,6 +1,8 @@
 """Prompt cache files (`cache.save_file` / `load_file`, mlx-lm's format plus our metadata):
 generating from a loaded prefix gives the same tokens as from the prompt alone, only the
-rest is prefilled, and a file for another target or drafter is refused with one line.
+rest is prefilled, and a file for another target or drafter is refused with one line. A
+file holds the rows the caches use, not the 256-row steps mlx-lm's KV caches grow by: its
+size grows with the tokens saved (issue 44: 2 tokens made 11.8 MB).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def test_saved_prefix_gives_the_same_output(tmp_path):
     save_file(path, cache, "tiny-llama", "tiny-drafter")
     loaded = load_file(path, model, drafter, "tiny-llama", "tiny-drafter")
     assert loaded.tokens == prefix
+    assert all(c.keys.shape[2] == len(prefix) for c in loaded.target)  # the used rows, loaded as a working cache
     want, _ = _run(prefix + rest, model, drafter)
     got, stats = _run(prefix + rest, model, drafter, loaded)
     assert got == want and stats.prompt_cached == len(prefix)
@@ -51,6 +54,28 @@ def test_saved_prefix_gives_the_same_output(tmp_path):
     (tmp_path / "junk.safetensors").write_text("junk")
     with pytest.raises(ValueError, match="not a prompt cache file"):
         load_file(str(tmp_path / "junk.safetensors"), model, drafter, "tiny-llama", "tiny-drafter")
+
+
+def _saved(tmp_path, model, drafter, n: int) -> tuple[int, PromptCache]:
+    """The size of the file of an n-token prefix, and the cache saved."""
+    prefix = prompt_of(n, 3)
+    cache = PromptCache(model, drafter)
+    list(zip(range(1), generate_step(prefix + [7], model, drafter, max_tokens=1, prompt_cache=cache)))
+    cache.reuse(prefix + [7], with_drafter=True)
+    path = tmp_path / f"{n}.safetensors"
+    save_file(str(path), cache, "tiny-llama", "tiny-drafter")
+    return path.stat().st_size, cache
+
+
+def test_a_file_holds_the_used_rows(tmp_path):
+    model = tiny_target("llama", scale=2.0)
+    drafter = _drafter(make_target(model))
+    small, cache = _saved(tmp_path, model, drafter, 4)
+    large, _ = _saved(tmp_path, model, drafter, 68)
+    per_token = (large - small) / 64
+    buffers = sum(c.keys.nbytes + c.values.nbytes for c in cache.target)  # 256 rows a layer
+    assert cache.target[0].keys.shape[2] == 256 and small < buffers / 4, (small, buffers)
+    assert small < 4 * per_token + 4096, (small, per_token)  # the rest: names, shapes, metadata
 
 
 def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
