@@ -18,7 +18,7 @@ import typing
 from dataclasses import fields
 from typing import Any, Callable, Sequence
 
-from dflash_mlx import DecodeOptions
+from dflash_mlx import DecodeOptions, OptionError
 
 __all__ = [
     "DRAFTING",
@@ -28,6 +28,7 @@ __all__ = [
     "add_arguments",
     "decode_flags",
     "describe",
+    "flag_error",
     "flag_name",
     "from_args",
     "help_text",
@@ -70,6 +71,12 @@ def flag_name(name: str) -> str:
     the chat's `max_tokens`): `--top-p`; a switch's `--no-kernels`."""
     dashed = name.replace("_", "-")
     return f"--no-{dashed}" if _switch(name) else f"--{dashed}"
+
+
+def flag_error(error: OptionError) -> str:
+    """An `OptionError` as a command line says it: named by the flag, its None (which
+    nobody can type) as leaving the flag out."""
+    return error.named(flag_name(error.field), none="omitted")
 
 
 def _doc(name: str, none: str) -> str:

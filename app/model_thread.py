@@ -21,7 +21,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import dflash_mlx
 import mlx.core as mx
-from dflash_mlx import DecodeOptions, one_line
+from dflash_mlx import DecodeOptions, OptionError, one_line
+
+from app.flags import flag_error
 
 __all__ = ["Cancelled", "Failed", "ModelThread", "describe_error"]
 
@@ -39,7 +41,10 @@ class Cancelled(Exception):
 
 
 def describe_error(exc: BaseException) -> str:
-    """A one-line message a person can act on."""
+    """A one-line message a person can act on; a bad option named by its flag (`--block-size`),
+    which is where the chat's and the server's options come from."""
+    if isinstance(exc, OptionError):
+        return flag_error(exc)
     text = one_line(exc)
     lowered = text.lower()
     if isinstance(exc, MemoryError) or "out of memory" in lowered or "malloc" in lowered:

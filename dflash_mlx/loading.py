@@ -85,9 +85,27 @@ def _target_path(path_or_repo: Optional[str], revision: Optional[str]) -> Path:
     """The local directory of a target: the default one, a directory, or a Hub snapshot."""
     if path_or_repo is None:
         return default_model_path()
-    return resolve_source(
+    path = resolve_source(
         str(path_or_repo), revision, what="model", patterns=DEFAULT_ALLOW_PATTERNS, fallback_patterns=None
     ).path
+    check_model_dir(path)
+    return path
+
+
+def check_model_dir(path: Path) -> None:
+    """Refuse a directory that is not an mlx-lm model's (mlx-lm would fail on its config
+    with a bare `[Errno 2]`)."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a model directory (config.json + weights)")
+
+
+def context_length(model: nn.Module, tokenizer: Any) -> int:
+    """The tokens the target attends over: its config's `max_position_embeddings`, else the
+    tokenizer's `model_max_length` where that is a real bound (not transformers' 1e30
+    placeholder), else 4096."""
+    context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    context = context or getattr(tokenizer, "model_max_length", 0)
+    return int(context) if context and context < 10**7 else 4096
 
 
 def load_draft(

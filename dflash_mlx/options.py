@@ -28,9 +28,10 @@ class OptionError(ValueError):
         self.field, self.rule, self.value = name, rule, value
         super().__init__(self.named(name))
 
-    def named(self, name: str) -> str:
-        """The message with the option called `name` (a flag, an API field)."""
-        return f"{name} {self.rule}, got {self.value!r}"
+    def named(self, name: str, none: str = "None") -> str:
+        """The message with the option called `name` (a flag, an API field) and its None
+        said as `none` (how that front end asks for it: "omitted" on a command line)."""
+        return f"{name} {self.rule.format(none=none)}, got {self.value!r}"
 
 
 def _number(value: Any) -> bool:
@@ -52,24 +53,25 @@ QUANTIZED_KV_START = 5000
 #: First tokens kept beside the window (the system prompt's start: an attention sink).
 DRAFT_SINK = 8
 
-# A rule: (what the value must be, as the error says it; whether a value passes).
+# A rule: (what the value must be, as the error says it, `{none}` where None is allowed;
+# whether a value passes).
 Rule = tuple[str, Callable[[Any], bool]]
 NON_NEGATIVE: Rule = ("must be a number >= 0", lambda v: _number(v) and v >= 0)
 PROBABILITY: Rule = ("must be in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
 COUNT: Rule = ("must be an integer >= 0 (0: off)", lambda v: _integer(v) and v >= 0)
-SEED: Rule = ("must be an integer >= 0 or None", lambda v: v is None or (_integer(v) and v >= 0))
-BLOCK: Rule = ("must be an integer >= 2 or None (adaptive)", lambda v: v is None or (_integer(v) and v >= 2))
-TREE: Rule = ("must be an integer >= 0 or None (adaptive)", lambda v: v is None or (_integer(v) and v >= 0))
-SWITCH: Rule = ("must be true, false or None (on where it runs)", lambda v: v is None or isinstance(v, bool))
+SEED: Rule = ("must be an integer >= 0 or {none}", lambda v: v is None or (_integer(v) and v >= 0))
+BLOCK: Rule = ("must be an integer >= 2 or {none} (adaptive)", lambda v: v is None or (_integer(v) and v >= 2))
+TREE: Rule = ("must be an integer >= 0 or {none} (adaptive)", lambda v: v is None or (_integer(v) and v >= 0))
+SWITCH: Rule = ("must be true, false or {none} (on where it runs)", lambda v: v is None or isinstance(v, bool))
 FLAG: Rule = ("must be true or false", lambda v: isinstance(v, bool))
 TOKENS: Rule = ("must be an integer >= 0", lambda v: _integer(v) and v >= 0)
 # What `mx.quantize` accepts.
 KV_BITS: Rule = (
-    "must be 2, 3, 4, 5, 6, 8 or None (off)",
+    "must be 2, 3, 4, 5, 6, 8 or {none} (off)",
     lambda v: v is None or (_integer(v) and v in {2, 3, 4, 5, 6, 8}),
 )
 WINDOW: Rule = (
-    "must be an integer >= 1, 0 (all) or None (the drafter's own)",
+    "must be an integer >= 1, 0 (all) or {none} (the drafter's own)",
     lambda v: v is None or (_integer(v) and v >= 0),
 )
 KV_GROUP: Rule = ("must be 32, 64 or 128", lambda v: _integer(v) and v in (32, 64, 128))

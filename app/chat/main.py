@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.flags import DRAFTING, KV_CACHE, add_arguments, flag_name, from_args
+from app.flags import DRAFTING, KV_CACHE, add_arguments, flag_error, from_args
 from app.version import version_line
 from dflash_mlx import OptionError
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         app = app_from_args(argv)
         check_prompt_cache(app)
     except OptionError as e:  # one line naming the flag, exit code 1
-        sys.exit(f"dflash-chat: error: {e.named(flag_name(e.field))}")
+        sys.exit(f"dflash-chat: error: {flag_error(e)}")
     except ValueError as e:
         sys.exit(f"dflash-chat: error: {e}")
     app.run()

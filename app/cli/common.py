@@ -4,13 +4,17 @@ values several commands take, and shared help."""
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional
 
 import typer
 
 from dflash_mlx import EXPECTED_ERRORS, OptionError, one_line
 
-from app.flags import flag_name
+from app.flags import flag_error
 
 SHARDING_HELP = "Under mlx.launch: shard the target by mlx-lm's tensor or pipeline parallelism (default: auto)."
 
@@ -23,7 +27,7 @@ def one_line_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except OptionError as e:  # named by its flag: --top-p, --block-size, ...
-            typer.secho(f"error: {e.named(flag_name(e.field))}", err=True, fg="red")
+            typer.secho(f"error: {flag_error(e)}", err=True, fg="red")
             raise typer.Exit(1) from None
         except EXPECTED_ERRORS as e:
             typer.secho(f"error: {one_line(e)}", err=True, fg="red")
@@ -33,3 +37,64 @@ def one_line_errors(fn: Callable) -> Callable:
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def prompt_text(prompt: str, flag: str = "--prompt") -> str:
+    """The text `flag` gives: its value, or '-' for stdin less its final newline (as a
+    shell's `$(...)` drops it, so `echo TEXT | ... -p -` equals `-p TEXT`). Empty is refused."""
+    text = sys.stdin.read().removesuffix("\n") if prompt == "-" else prompt
+    if not text.strip():
+        raise ValueError(f"{flag} is empty" + (" (stdin gave nothing)" if prompt == "-" else ""))
+    return text
+
+
+def positive(value: Optional[int], flag: str) -> None:
+    """Refuse a count below 1 (None: not given)."""
+    if value is not None and value < 1:
+        raise ValueError(f"{flag} must be a positive integer, got {value}")
+
+
+def integers(text: str, flag: str) -> list[int]:
+    """A comma-separated list of integers ('' for none)."""
+    try:
+        return [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def writable(path: Optional[Path], flag: str) -> None:
+    """Refuse a file `flag` names that could not be written (None: not given), before any work."""
+    if path is None:
+        return
+    folder = path.expanduser().absolute().parent
+    if path.is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a directory: give a file name")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{flag} {path}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"{flag} {path}: the directory {folder} is not writable")
+
+
+def write_json(report: dict, path: Optional[Path]) -> None:
+    """A command's report as JSON at `path` (None: nowhere), checked by `writable` before the work."""
+    if path is not None:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def check_pair(
+    model: Optional[str], draft: Optional[str] = None, no_draft: bool = False, draft_vocab: Optional[str] = None
+) -> None:
+    """Refuse a contradictory or broken choice of target and drafter before anything loads:
+    --no-draft beside --draft or --draft-vocab, or a local --model directory that is not a
+    model's (`dflash_mlx.loading.check_model_dir`)."""
+    if no_draft:
+        given = [flag for flag, value in (("--draft", draft), ("--draft-vocab", draft_vocab)) if value is not None]
+        if given:
+            raise ValueError(f"--no-draft decodes without a drafter: drop {given[0]} or --no-draft")
+    if model is not None and Path(model).expanduser().is_dir():
+        from dflash_mlx.loading import check_model_dir
+
+        try:
+            check_model_dir(Path(model).expanduser())
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"--model {e}") from None

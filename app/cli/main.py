@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from app.cli.bench.commands import bench_app
-from app.cli.common import SHARDING_HELP, one_line_errors
+from app.cli.common import SHARDING_HELP, check_pair, one_line_errors, positive, prompt_text, writable
 from app.cli.train import (
     curves_command,
     data_command,
@@ -66,7 +66,7 @@ def _group(
 @one_line_errors
 @decode_flags(*SAMPLING, *DRAFTING, "profile", *WINDOW, *KV_CACHE)
 def generate(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="The prompt (chat template applied)."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The prompt (chat template applied; '-': read stdin)."),
     model: Optional[str] = typer.Option(
         None, "--model", help="Target model path or Hub repo (default: SmolLM2-135M-Instruct)."
     ),
@@ -92,11 +92,16 @@ def generate(
     """Generate text with DFlash speculative decoding and print the stats (rank 0 only under mlx.launch)."""
     from dflash_mlx import apply_chat_template, format_stats, load, load_draft, stream_generate, user_messages
     from dflash_mlx.distributed import choose_sharding, is_leader, lockstep
+    from dflash_mlx.loading import context_length
 
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+    positive(max_tokens, "--max-tokens")
+    check_pair(model, draft, no_draft, draft_vocab)
+    prompt = prompt_text(prompt)
     cache = None
     target, tokenizer = load(model, sharding=choose_sharding(sharding))
+    context = context_length(target, tokenizer)
+    if max_tokens > context:  # as the server checks a request's max_tokens
+        raise ValueError(f"--max-tokens must be at most the model's context, {context} tokens; got {max_tokens}")
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if prompt_cache_file is not None:  # the prefix's tokens, then the prompt's, raw
         from dflash_mlx.cache import cache_ids, load_file
@@ -133,7 +138,9 @@ def cache_prompt(
     from dflash_mlx import PromptCache, generate_step, load, load_draft
     from dflash_mlx.cache import cache_ids, save_file
 
-    text = sys.stdin.read() if prompt == "-" else prompt
+    check_pair(model, draft, no_draft)
+    writable(output, "--output")
+    text = prompt_text(prompt)
     target, tokenizer = load(model)
     drafter = None if no_draft else load_draft(draft, model=target)
     tokens = tokenizer.encode(text)
@@ -234,8 +241,8 @@ def serve(
     from app.server.worker import Worker
     from app.server.routes import run_server
 
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+    positive(max_tokens, "--max-tokens")
+    check_pair(model, draft, no_draft, draft_vocab)
     sharding = choose_sharding(sharding)
     ranks = Ranks() if world_size() > 1 else None
     worker = Worker(

@@ -4,12 +4,12 @@ Heavy imports happen inside the commands so that `dflash --help` stays fast."""
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
 import typer
 
+from app.cli.common import check_pair, positive, writable, write_json
 from app.flags import decode_flags, typer_parameter
 from dflash_mlx import DecodeOptions
 
@@ -301,6 +301,10 @@ def eval_command(
     from dflash_mlx import load, load_draft, read_prompt_sources
     from dflash_mlx.train.evaluate import evaluate, format_results
 
+    positive(max_tokens, "--max-tokens")
+    positive(limit, "--limit")
+    writable(json_out, "--json")
+    check_pair(model)
     items = read_prompt_sources(prompts)[:limit]
     target, tokenizer = load(model)
     drafter = load_draft(draft, model=target, draft_vocab=draft_vocab)
@@ -318,8 +322,7 @@ def eval_command(
             seed=seed,
         )
     typer.echo(format_results(results))
-    if json_out:
-        json_out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(results, json_out)
 
 
 def _replayed(target, tokenizer, drafter, items, max_tokens: int, options: DecodeOptions, answers) -> dict:

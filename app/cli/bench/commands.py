@@ -13,13 +13,12 @@ status line on stderr, and prints its table (`--json`: the report too).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 import typer
 
-from app.cli.common import SHARDING_HELP, one_line_errors
+from app.cli.common import SHARDING_HELP, check_pair, integers, one_line_errors, positive, writable, write_json
 from app.flags import KV_CACHE, decode_flags
 from dflash_mlx import DecodeOptions, read_prompt_sources
 
@@ -36,17 +35,6 @@ def read_prompts(sources: Sequence[str]) -> tuple[list[str], list[str]]:
     (`dflash_mlx.messages.read_prompt_sources`) and the kind of each."""
     records = read_prompt_sources(sources)
     return [r["messages"][-1]["content"] for r in records], [r["set"] for r in records]
-
-
-def write_json(report: dict, path: Optional[Path]) -> None:
-    """The report as JSON at `path` (None: nowhere)."""
-    if path is not None:
-        path.write_text(json.dumps(report, indent=2) + "\n")
-
-
-def _numbers(text: str) -> list[int]:
-    """A comma-separated list of integers ('' for none)."""
-    return [int(n) for n in text.split(",") if n.strip()]
 
 
 @bench_app.callback(invoke_without_command=True)
@@ -76,7 +64,11 @@ def speed(
         "(default: six built-in prompts).",
     ),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
-    fixed: str = typer.Option("4,8,16", "--fixed", help="Also run ours with these fixed block sizes ('' for none)."),
+    fixed: Optional[str] = typer.Option(
+        None,
+        "--fixed",
+        help="Also run ours with these fixed block sizes, 2..the drafter's B ('' for none; default: 4,8,16 up to B).",
+    ),
     tree_budget: str = typer.Option(
         "",
         "--tree-budget",
@@ -103,6 +95,11 @@ def speed(
 
     from .speed import markdown_table, run_bench
 
+    positive(max_tokens, "--max-tokens")
+    writable(json_out, "--json")
+    check_pair(model)
+    sizes = None if fixed is None else integers(fixed, "--fixed")
+    trees, lookups = integers(tree_budget, "--tree-budget"), integers(lookup_rows, "--lookup-rows")
     texts, kinds = read_prompts(prompts) if prompts else (None, None)
     with Console(stderr=True).status("benchmarking") as status:
         report = run_bench(
@@ -113,11 +110,11 @@ def speed(
             options,
             reference,
             progress=status.update,
-            fixed_sizes=_numbers(fixed),
+            fixed_sizes=sizes,
             draft_vocab=draft_vocab,
-            fixed_trees=_numbers(tree_budget),
+            fixed_trees=trees,
             kinds=kinds,
-            fixed_lookups=_numbers(lookup_rows),
+            fixed_lookups=lookups,
             sharding=choose_sharding(sharding),
         )
     if not is_leader():  # every rank ran the same bench; rank 0 reports it
@@ -152,13 +149,18 @@ def context(
 
     from .context import QUESTIONS, context_header, context_line, plot_context, run_context_bench
 
+    positive(max_tokens, "--max-tokens")
+    writable(json_out, "--json")
+    writable(plot, "--plot")
+    check_pair(model)
+    sizes = integers(lengths, "--lengths")
     questions = read_prompts(prompts)[0] if prompts else QUESTIONS
     print("\n".join(context_header(max_tokens)), flush=True)
     with Console(stderr=True).status("benchmarking long contexts") as status:
         report = run_context_bench(
             model,
             draft,
-            _numbers(lengths),
+            sizes,
             questions,
             max_tokens=max_tokens,
             progress=status.update,
@@ -180,6 +182,9 @@ def verify_cost(
 
     from .verify import run_verify_cost, verify_cost_table
 
+    writable(json_out, "--json")
+    check_pair(model)
+
     with Console(stderr=True).status("timing verifies") as status:
         report = run_verify_cost(model, progress=status.update)
     print(verify_cost_table(report))
@@ -197,6 +202,9 @@ def kernels(
     from rich.console import Console
 
     from .kernels import kernel_table, run_kernel_bench
+
+    writable(json_out, "--json")
+    check_pair(model)
 
     with Console(stderr=True).status("timing the verify kernel") as status:
         report = run_kernel_bench(model, progress=status.update)

@@ -24,6 +24,8 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from dflash_mlx import DecodeOptions, apply_chat_template, histogram, tau, user_messages
 
+#: The fixed block sizes ours also runs with by default, those up to the drafter's B.
+DEFAULT_FIXED = (4, 8, 16)
 DEFAULT_PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
     "Write a Python function that checks whether a string is a palindrome.",
@@ -221,7 +223,7 @@ def run_bench(
     options: DecodeOptions = DecodeOptions(),
     reference: bool = True,
     progress: Optional[Callable[[str], None]] = None,
-    fixed_sizes: Sequence[int] = (),
+    fixed_sizes: Optional[Sequence[int]] = (),
     draft_vocab: Optional[str] = None,
     fixed_trees: Sequence[int] = (),
     kinds: Optional[Sequence[str]] = None,
@@ -232,7 +234,8 @@ def run_bench(
     `kinds` gives the prompts more than one kind, the rows of each kind). `draft_path`
     "random" measures the loop's overhead with an untrained drafter. Ours decodes with
     `options` (adaptive block size: one policy across the prompts, as a chat keeps one),
-    once more with each of `fixed_sizes`, and once more for each further draft vocabulary
+    once more with each of `fixed_sizes` (each 2..B, else a ValueError naming --fixed; None:
+    those of `DEFAULT_FIXED` up to B), and once more for each further draft vocabulary
     of `draft_vocab` (comma-separated files or 'none'; the first is ours'), and once more
     with each tree budget of `fixed_trees` at a fixed block (`options`' or the drafter's;
     0: the chain), and once more with each prompt-lookup length of `fixed_lookups` (0: off).
@@ -252,6 +255,12 @@ def run_bench(
         vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
         drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
         drafter = drafters[0]
+        most = drafter.config.block_size  # what --fixed may ask for, known once the drafter is
+        if fixed_sizes is None:
+            fixed_sizes = [size for size in DEFAULT_FIXED if size <= most]
+        elif any(not 2 <= size <= most for size in fixed_sizes):
+            sizes = ",".join(map(str, fixed_sizes))
+            raise ValueError(f"--fixed takes block sizes 2..{most} (this drafter's B), got {sizes}")
         fixed = (fixed_sizes, fixed_trees, fixed_lookups)
         methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, *fixed)
         zlab = _zlab_method(model_dir, draft_dir, options.block_limit(drafter), max_tokens) if reference else None
@@ -324,7 +333,7 @@ def _methods(
     options.block_limit(drafter)  # a fixed size the drafter cannot verify: one line, before any run
     methods = {"mlx-lm": plain, "dflash-mlx (ours)": ours(options)}
     for size in fixed_sizes:
-        if size != options.block_size and 2 <= size <= drafter.config.block_size:
+        if size != options.block_size:
             methods[f"dflash-mlx B={size}"] = ours(replace(options, block_size=size))
     block = options.block_limit(drafter)
     if fixed_trees and options.adaptive(drafter) and options.tree_budget is None:

@@ -1,0 +1,121 @@
+"""Every `dflash` value is checked before any work starts (issue 44): one line on stderr
+naming the flag, exit code 1, no traceback.
+
+* Checks that need nothing loaded come first: given beside a `--model` that does not
+  exist, the error names the bad flag, not the model (so nothing was loaded before it).
+* Checks that need the model or the drafter (the context, the drafter's B) come right
+  after loading, before any decoding.
+* `generate -p -` reads the prompt from stdin, as `cache-prompt -p -` does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli.main import app
+from app.model_thread import describe_error
+from dflash_mlx import DecodeOptions, OptionError
+
+NOWHERE = "/nonexistent/dir"
+NO_MODEL = ["--model", "/nonexistent/model"]  # loading it would fail: the error must not be about it
+
+# (arguments, words the one line must contain)
+BEFORE_LOADING = [
+    (["bench", "speed", "--json", f"{NOWHERE}/x.json"], ["--json", NOWHERE]),
+    (["bench", "context", "--json", f"{NOWHERE}/x.json"], ["--json", NOWHERE]),
+    (["bench", "verify-cost", "--json", f"{NOWHERE}/x.json"], ["--json", NOWHERE]),
+    (["bench", "kernels", "--json", f"{NOWHERE}/x.json"], ["--json", NOWHERE]),
+    (["eval", "--json", f"{NOWHERE}/x.json"], ["--json", NOWHERE]),
+    (["bench", "speed", "-m", "0"], ["--max-tokens", "0"]),
+    (["bench", "speed", "--fixed", "4,x"], ["--fixed must be comma-separated integers", "4,x"]),
+    (["bench", "speed", "--tree-budget", "a"], ["--tree-budget must be comma-separated integers"]),
+    (["bench", "context", "--lengths", "512,lots"], ["--lengths must be comma-separated integers"]),
+    (["cache-prompt", "-p", "prefix", "-o", f"{NOWHERE}/x"], ["--output", NOWHERE]),
+    (["generate", "-p", ""], ["--prompt is empty"]),
+    (["generate", "-p", "  "], ["--prompt is empty"]),
+    (["generate", "-p", "hi", "--no-draft", "--draft", "/nope"], ["--no-draft", "--draft"]),
+    (["generate", "-p", "hi", "--no-draft", "--draft-vocab", "none"], ["--no-draft", "--draft-vocab"]),
+    (["serve", "--no-draft", "--draft", "/nope"], ["--no-draft", "--draft"]),
+    (["eval", "--limit", "0"], ["--limit", "0"]),
+    (["generate", "-p", "hi", "-m", "0"], ["--max-tokens", "0"]),
+    (["generate", "-p", "hi", "--block-size", "1"], ["--block-size", "or omitted (adaptive)", "1"]),
+    (["generate", "-p", "hi", "--seed", "-1"], ["--seed", "or omitted", "-1"]),
+]
+
+
+def _assert_one_line(result, words) -> None:
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output and "None" not in lines[0]
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.parametrize("args,words", BEFORE_LOADING, ids=[" ".join(a) for a, _ in BEFORE_LOADING])
+def test_checked_before_loading(args, words):
+    result = CliRunner().invoke(app, [*args, *NO_MODEL])
+    _assert_one_line(result, words)
+
+
+def test_a_model_directory_without_config(tmp_path):
+    result = CliRunner().invoke(app, ["generate", "-p", "hi", "--model", str(tmp_path)])
+    _assert_one_line(result, ["--model", str(tmp_path), "config.json"])
+    assert "Errno" not in result.stderr
+
+
+def test_bench_alone_takes_no_option():
+    """`dflash bench` alone runs `speed` with its defaults; its options belong to `bench speed`."""
+    result = CliRunner().invoke(app, ["bench", "-m", "0"])
+    assert result.exit_code == 2 and "-m" in result.output and "Traceback" not in result.output
+
+
+def test_an_option_error_names_its_flag_where_a_model_thread_reports_it():
+    """`dflash serve --block-size 99` fails when the worker loads the drafter: named by the flag."""
+    with pytest.raises(OptionError) as info:
+        DecodeOptions(block_size=1)
+    assert describe_error(info.value) == "--block-size must be an integer >= 2 or omitted (adaptive), got 1"
+
+
+# --------------------------------------------------------------------------- the default model
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["generate", "-p", "hi", "-m", "100000000"], ["--max-tokens", "context", "8192", "100000000"]),
+        (["bench", "speed", "--fixed", "4,99", "--no-reference"], ["--fixed", "2..8", "4,99"]),
+        (["bench", "speed", "--fixed", "1", "--no-reference"], ["--fixed", "2..8"]),
+    ],
+    ids=["generate -m past the context", "bench --fixed past B", "bench --fixed below 2"],
+)
+def test_checked_once_loaded(default_model_dir, args, words):
+    result = CliRunner().invoke(app, [*args, "--model", str(default_model_dir)])
+    _assert_one_line(result, words)
+    assert result.stdout == ""
+
+
+def test_serve_names_the_block_size_flag(default_model_dir):
+    """The worker loads the pair, then refuses a block size past the drafter's: one line, the flag."""
+    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(default_model_dir), "--port", "0"]
+    proc = subprocess.run([*command, "--block-size", "99"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--block-size must be at most the drafter's block size 8, got 99" in proc.stderr
+
+
+def test_generate_reads_the_prompt_from_stdin(default_model_dir):
+    base = ["generate", "--model", str(default_model_dir), "-m", "4"]
+    given = CliRunner().invoke(app, [*base, "-p", "Name a colour."])
+    piped = CliRunner().invoke(app, [*base, "-p", "-"], input="Name a colour.\n")
+    assert given.exit_code == 0 and piped.exit_code == 0, (given.output, piped.output)
+    assert given.stdout.strip() and piped.stdout == given.stdout
+    assert (
+        "Prompt: " in piped.stderr
+        and piped.stderr.split("Prompt: ")[1].split(",")[0] == (given.stderr.split("Prompt: ")[1].split(",")[0])
+    )  # the same number of prompt tokens
+    empty = CliRunner().invoke(app, [*base, "-p", "-"], input="")
+    _assert_one_line(empty, ["--prompt is empty", "stdin"])
