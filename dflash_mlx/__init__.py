@@ -24,7 +24,7 @@ _HOMES = {
     "drafter2": ("Drafter2", "Drafter2Config"),
     "drafters": ("save_drafter",),
     "errors": ("EXPECTED_ERRORS", "one_line"),
-    "loading": ("load", "load_draft"),
+    "loading": ("context_length", "load", "load_draft"),
     "messages": ("apply_chat_template", "read_prompt_sources", "user_messages"),
     "options": ("DecodeOptions", "OptionError"),
     "sequence": ("Sequence",),

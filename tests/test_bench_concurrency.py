@@ -17,8 +17,8 @@ from app.cli.main import app
     [
         (["0,2"], "LEVELS must be integers >= 1"),
         (["1,x"], "LEVELS must be comma-separated integers"),
-        (["1", "-m", "0"], "--max-tokens must be >= 1"),
-        (["1", "--json", "/nonexistent/dir/c.json"], "--json: no directory /nonexistent/dir"),
+        (["1", "-m", "0"], "--max-tokens must be a positive integer"),
+        (["1", "--json", "/nonexistent/dir/c.json"], "the directory /nonexistent/dir does not exist"),
     ],
 )
 def test_bad_arguments_fail_in_one_line_before_any_server(args, message):

@@ -37,7 +37,7 @@ from app.model_thread import Failed, ModelThread, describe_error
 from app.server.jobs import Delta, Done, Job, Metrics, QueueFull, stop_hit, token_logprob
 from app.server.request import CompletionRequest, ModelInfo
 from app.server.scheduler import MAX_BATCH, Scheduler
-from dflash_mlx import PREFILL_STEP, DecodeOptions
+from dflash_mlx import PREFILL_STEP, DecodeOptions, context_length
 
 __all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker"]
 
@@ -198,11 +198,9 @@ class Worker(ModelThread):
             self.draft = self.load_drafter(self.draft_ref, self.draft_vocab, self.model)
         self.options.block_limit(self.draft)  # a --block-size the drafter cannot verify fails the start
         self.pool = CachePool(lambda: self.backend.make_prompt_cache(self.model, self.draft), self.cache_slots)
-        args = getattr(self.model, "args", None)
-        context = getattr(args, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 0)
         name = self.model_ref.rstrip("/").rsplit("/", 1)[-1] if self.model_ref else "SmolLM2-135M-Instruct"
         aliases = tuple({self.model_ref, "default"} - {None, name})
-        context = int(context) if context and context < 10**7 else 4096
+        context = context_length(self.model, self.tokenizer)
         has_draft = self.draft is not None
         self.info = ModelInfo(name, self.tokenizer, context, self.default_max_tokens, aliases, has_draft, self.options)
         self.scheduler = Scheduler(self, self.max_batch)

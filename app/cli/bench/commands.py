@@ -235,18 +235,13 @@ def concurrency(
 
     from .concurrency import concurrency_table, plot_concurrency, run_concurrency_bench
 
-    try:
-        clients = _numbers(levels)
-    except ValueError:
-        raise ValueError(f"LEVELS must be comma-separated integers, got {levels!r}") from None
+    clients = integers(levels, "LEVELS")
     if not clients or min(clients) < 1:
         raise ValueError(f"LEVELS must be integers >= 1, got {levels!r}")
     for flag, value in (("--limit", limit), ("--max-tokens", max_tokens), ("--mlx-lm-batch", mlx_lm_batch)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    for flag, path in (("--json", json_out), ("--plot", plot)):
-        if path is not None and not path.parent.is_dir():
-            raise ValueError(f"{flag}: no directory {path.parent}")
+        positive(value, flag)
+    writable(json_out, "--json")
+    writable(plot, "--plot")
     texts = read_prompts(prompts)[0][:limit]
     with Console(stderr=True).status("benchmarking concurrency") as status:
         report = run_concurrency_bench(
