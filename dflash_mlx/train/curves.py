@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..adaptive import fit_line
+from ..policy import fit_line
 
 Curve = list[tuple[float, float]]  # (core-hours, held-out tau), in log order
 
