@@ -224,7 +224,7 @@ def concurrency(
     limit: int = typer.Option(32, "--limit", help="Use the first this many prompts."),
     max_tokens: int = typer.Option(64, "--max-tokens", "-m"),
     mlx_lm_batch: int = typer.Option(
-        8, "--mlx-lm-batch", help="mlx_lm.server's --decode-concurrency and --prompt-concurrency."
+        8, "--mlx-lm-batch", help="mlx_lm.server's batch: its decode and prompt concurrency."
     ),
     json_out: Optional[Path] = typer.Option(None, "--json", help=JSON_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw tokens/s against clients into this PNG."),
