@@ -28,8 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: Where the bench's own table lives (the one place to change if the bench moves).
+#: Where the benches' own tables live (the one place to change if a bench moves).
 BENCH_TABLE_MODULE = "app.cli.bench.speed"
+CONCURRENCY_TABLE_MODULE = "app.cli.bench.concurrency"
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS_MD = HERE.parent / "BENCHMARKS.md"
@@ -59,9 +60,11 @@ def plain_table(data: dict) -> str:
 
 
 def bench_table(report: dict) -> str:
-    """A `dflash bench speed --json` report as the bench prints it."""
+    """A `dflash bench speed` or `dflash bench concurrency` `--json` report as the bench prints it."""
     import importlib
 
+    if "mlx_lm_batch" in report:
+        return importlib.import_module(CONCURRENCY_TABLE_MODULE).concurrency_table(report)
     return importlib.import_module(BENCH_TABLE_MODULE).markdown_table(report)
 
 
@@ -70,7 +73,7 @@ def render(name: str, data: dict) -> str:
     missing = [key for key in ("commands", "when") if key not in data]
     if missing:
         raise ValueError(f"benchmarks/{name}.json: no {missing[0]!r}")
-    table = bench_table(data) if "results" in data else plain_table(data)
+    table = bench_table(data) if "results" in data or "mlx_lm_batch" in data else plain_table(data)
     commands = "\n".join(data["commands"])
     return f"```sh\n{commands}\n```\n\n{data['when']}\n\n{table}\n"
 
