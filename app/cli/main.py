@@ -90,9 +90,16 @@ def generate(
     options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Generate text with DFlash speculative decoding and print the stats (rank 0 only under mlx.launch)."""
-    from dflash_mlx import apply_chat_template, format_stats, load, load_draft, stream_generate, user_messages
+    from dflash_mlx import (
+        apply_chat_template,
+        context_length,
+        format_stats,
+        load,
+        load_draft,
+        stream_generate,
+        user_messages,
+    )
     from dflash_mlx.distributed import choose_sharding, is_leader, lockstep
-    from dflash_mlx import context_length
 
     positive(max_tokens, "--max-tokens")
     check_pair(model, draft, no_draft, draft_vocab)
