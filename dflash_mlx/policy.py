@@ -16,9 +16,12 @@ maximises expected committed tokens per second:
   they look likely to pay). Probes that do not pay back off by `backoff` x, up to the
   interval at which probes cost at most `explore` of the time; a probe that beats the
   current choice is followed by another at once, so that a drafter that improves
-  mid-answer is noticed within a few probes of the next one. A new generation probes at
-  its first cycle, then keeps the backed-off schedule: a drafter that does not pay costs
-  one probe per answer, not a schedule started over. Probes look up; looking down, while
+  mid-answer is noticed within a few probes of the next one. Probes that find no draft
+  accepted at all, one after another, shrink that budget (`probe_budget`): a drafter that
+  has shown nothing in more than `MISSES_FREE` probes in a row is probed ever more rarely,
+  down to a tenth of `explore`, and one accepted draft restores it. A new generation probes at
+  its first cycle unless the drafter is such a one, then keeps the backed-off schedule: a
+  drafter that does not pay costs at most one probe per answer, not a schedule started over. Probes look up; looking down, while
   the chosen chain is expected to commit less than 1 + `RECHECK_MARGIN` tokens, a plain
   step is measured again as often as costs at most `explore` of the tokens (a plain step
   whose slow samples, such as ones taken while the machine warmed up, made drafts that
@@ -56,6 +59,17 @@ class Width(NamedTuple):
 #: While the chosen chain is expected to commit less than 1 + RECHECK_MARGIN tokens, plain
 #: steps are measured again now and then (see the module docstring).
 RECHECK_MARGIN = 0.25
+#: Probes in a row that may find nothing before the probe budget shrinks (a drafter whose
+#: first draft is accepted 40% of the time misses 4 in a row about one time in eight).
+MISSES_FREE = 3
+
+
+def probe_budget(explore: float, misses: int) -> float:
+    """The share of time probes may cost after `misses` probes in a row accepted no draft:
+    `explore`, then, past `MISSES_FREE`, `explore` / (1 + m / 4) for the m misses beyond,
+    down to a tenth (a drafter that keeps showing nothing is unlikely to have changed at the
+    next probe; one that has is found a little later)."""
+    return explore / (1 + min(max(misses - MISSES_FREE, 0), 36) / 4)
 
 
 def default_cost_model(max_size: int) -> list[float]:
@@ -100,13 +114,16 @@ class BlockSizePolicy:
         self.reach = 1  # how far past the best size the next probe looks
         self.probe: Optional[tuple[int, int]] = None  # (probed size, the size it challenged)
         self.since_plain = 0  # cycles since the last plain step
+        self.misses = 0  # probes in a row that accepted no draft
 
     def start(self) -> None:
         """A new generation begins: probe at its first cycle (a new prompt may suit the
-        drafter better than the last answer did, and a backed-off schedule would take up
-        to 1 / `explore` cycles to find out, as at a math prompt after code ones). The
-        schedule itself is kept: a probe that does not pay backs off from where it was."""
-        self.since_probe = max(self.since_probe, self.wait - 1)
+        drafter better than the last answer did, and a backed-off schedule would take up to
+        1 / `explore` cycles to find out, as at a math prompt after code ones), unless more
+        than `MISSES_FREE` probes in a row found nothing (an untrained drafter). The schedule
+        itself is kept: a probe that does not pay backs off from where it was."""
+        if self.misses <= MISSES_FREE:
+            self.since_probe = max(self.since_probe, self.wait - 1)
 
     def acceptance(self, k: int) -> float:
         """Estimated P(draft k accepted | drafts before it accepted) (`Acceptance.estimate`)."""
@@ -185,6 +202,7 @@ class BlockSizePolicy:
         if probe is None:
             return
         self.reach = 2 * self.reach if accepted == size - 1 else 1  # all drafts accepted: look further
+        self.misses = 0 if accepted else self.misses + 1
         # Paid: it beat what the challenged size would have committed on the same drafts.
         costs = self.costs()
         paid = (accepted + 1) / costs[size - 1] > (min(accepted, probe[1] - 1) + 1) / costs[probe[1] - 1]
@@ -198,7 +216,7 @@ class BlockSizePolicy:
     def _probe_interval(self, probe: int, best: int) -> int:
         """Cycles between probes so that their extra cost stays within `explore`."""
         costs = self.costs()
-        return interval(costs[probe - 1], costs[best - 1], self.explore)
+        return interval(costs[probe - 1], costs[best - 1], probe_budget(self.explore, self.misses))
 
 
 def interval(probe_cost: float, best_cost: float, explore: float) -> int:

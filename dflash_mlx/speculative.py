@@ -109,10 +109,10 @@ def generate_step(
     plan = sequence.plan(options, pair, policy, max_tokens)
     cycles = Cycles(pair, sequence.cache, sequence.records(plan), plan)
     stats = stats if stats is not None else GenerationStats()
-    stats.block_size, stats.adaptive, stats.tree_budget = plan.limit, plan.policy is not None, plan.fixed_tree
     clock = _Clock(stats, plan.policy, cycles.records)
     cache = sequence.cache
-    start = stats.prompt_cached = cache.reuse(prompt, with_drafter=draft_model is not None)
+    start = cache.reuse(prompt, with_drafter=draft_model is not None)
+    stats.start(plan.limit, plan.policy is not None, plan.fixed_tree, start)
     done = cycles.prefill(prompt, start, prompt_progress_callback)
     produced = 1
     while True:
@@ -128,7 +128,7 @@ def generate_step(
         if not done.ready:
             cycles.read(done)
             clock.charge(done)
-        stats.draft_cache_tokens, stats.draft_cache_bytes = cache.draft_memory()
+        stats.draft_cache(*cache.draft_memory())
         with clock.paused():
             yield done.tokens, done.accepted, done.logprobs
         if nxt is None:
@@ -161,15 +161,13 @@ class _Clock:
         now = time.perf_counter()
         seconds, self.mark = now - self.mark, now
         if cycle.size == 0:
-            self.stats.prompt_time = seconds
+            self.stats.prefilled(seconds)
             return
         if not cycle.guessed and self.policy is not None:  # under mlx.launch every rank adapts to rank 0's times
             self.policy.update_width(cycle.width, cycle.accepted, leaders_seconds(seconds), cycle.chain)
         elif not cycle.guessed:
             self.records.drafts.learn(*cycle.shown)
-        self.stats.draft_time += cycle.drafting
-        self.stats.verify_time += seconds - cycle.drafting  # includes drafting unless profiling
-        self.stats.record(cycle.size, cycle.accepted, cycle.tree, cycle.guessed)
+        self.stats.record(cycle.size, cycle.accepted, cycle.tree, cycle.guessed, seconds, cycle.drafting)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -233,7 +231,7 @@ def stream_generate(
             for i, (token, lp) in enumerate(zip(committed, logprobs)):
                 n += 1
                 segment, finish = text.push(token, n)
-                stats.generated_tokens, stats.generation_time = n, time.perf_counter() - tic
+                stats.emitted(n, time.perf_counter() - tic)
                 yield _response(stats, segment, token, lp, i < n_drafted, len(tokens), finish)
                 if finish:
                     return

@@ -1,6 +1,7 @@
 """What one generation did, counted as it runs: `GenerationStats`, and its one plain view.
 
-The loop records every cycle here; the chat's panel, the server's `dflash` object, the
+Its fields are written only by its own methods: the loop calls `start`, `prefilled`,
+`record` (each cycle) and `draft_cache`, the token stream `emitted`. The chat's panel, the server's `dflash` object, the
 benchmark and `dflash eval` all read the same numbers through `to_dict()` (or the
 properties), so tau and the histograms are computed in this one place.
 """
@@ -81,9 +82,38 @@ class GenerationStats:
             counts[key] = counts.get(key, 0) + 1
         return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
-    def record(self, size: int, accepted: int, tree: bool = False, guessed: bool = False) -> None:
+    def start(self, block_size: int, adaptive: bool, tree_budget: Optional[int], prompt_cached: int) -> None:
+        """A generation begins: its widths (the largest chain, whether adaptive, the fixed
+        tree size) and how many prompt tokens came from the prompt cache."""
+        self.block_size, self.adaptive, self.tree_budget = block_size, adaptive, tree_budget
+        self.prompt_cached = prompt_cached
+
+    def prefilled(self, seconds: float) -> None:
+        """The prompt's prefill took `seconds` (up to its first token)."""
+        self.prompt_time = seconds
+
+    def draft_cache(self, tokens: int, nbytes: int) -> None:
+        """The drafter's cache now keeps `tokens` context tokens in `nbytes` of K/V."""
+        self.draft_cache_tokens, self.draft_cache_bytes = tokens, nbytes
+
+    def emitted(self, tokens: int, seconds: float) -> None:
+        """`tokens` tokens given to the caller so far, `seconds` after the first."""
+        self.generated_tokens, self.generation_time = tokens, seconds
+
+    def record(
+        self,
+        size: int,
+        accepted: int,
+        tree: bool = False,
+        guessed: bool = False,
+        seconds: float = 0.0,
+        drafting: float = 0.0,
+    ) -> None:
         """Count one cycle that verified `size` tokens (a tree: `size - 1` nodes; `guessed`:
-        a chain of prompt lookup's guess) and accepted `accepted` drafts."""
+        a chain of prompt lookup's guess), accepted `accepted` drafts and took `seconds`,
+        `drafting` of them drafting (0 unless profiled: then verify_time holds both)."""
+        self.draft_time += drafting
+        self.verify_time += seconds - drafting
         self.cycles += 1
         self.lookup_chains += guessed
         self.accepted_lengths.append(accepted + 1)

@@ -12,7 +12,7 @@ import math
 from typing import Optional, Sequence
 
 from .acceptance import Cost, charge
-from .policy import BlockSizePolicy, Width, fit_line
+from .policy import BlockSizePolicy, Width, fit_line, probe_budget
 
 #: Tree sizes (draft nodes) an adaptive policy weighs beside chains, where the target has trees.
 TREE_SIZES = (4, 8, 16, 32)
@@ -48,7 +48,8 @@ class TreePolicy(BlockSizePolicy):
     estimates learn from every walk, which shows what the chain's own drafts would have had
     accepted, so a tree chosen in a dip of the chain's estimates does not outstay it). A probe that pays
     shortens the interval by `backoff` x, one that does not lengthens it by `backoff` x,
-    up to the interval at which probes lose at most `tree_explore` of the time."""
+    up to the interval at which probes lose at most `tree_explore` of the time, a budget
+    that shrinks while probes in a row accept nothing (`policy.probe_budget`)."""
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class TreePolicy(BlockSizePolicy):
         self.walks = {n: [0.0, 0.0] for n in self.trees}  # decayed (tokens committed, chain model's expectation)
         self.tree_seconds: dict[int, Cost] = {}
         self.tree_wait, self.since_tree = 1, 0  # the trees' own probing schedule
+        self.tree_misses = 0  # tree probes in a row that accepted nothing
         self.tree_probe: Optional[tuple[Width, Width, float]] = None  # (probed, its rival, the rival's rate)
 
     def chain_expected(self, size: int) -> float:
@@ -174,6 +176,7 @@ class TreePolicy(BlockSizePolicy):
         (whose expected rate was `rival_rate`): shorten the interval if it paid, else back
         off, up to the interval at which probes lose at most `tree_explore` of the time (a
         probe's loss counts the tokens too: a chain can commit less than a tree)."""
+        self.tree_misses = 0 if accepted else self.tree_misses + 1
         costs = self.costs()
         cost = self.width_cost(width, costs)
         if (accepted + 1) / cost > rival_rate:
@@ -181,4 +184,5 @@ class TreePolicy(BlockSizePolicy):
             return
         rival_cost = self.width_cost(rival, costs)
         lost = max(0.0, cost - self.expected(width) * rival_cost / self.expected(rival))
-        self.tree_wait = min(self.backoff * self.tree_wait, max(1, math.ceil(lost / (self.tree_explore * rival_cost))))
+        budget = probe_budget(self.tree_explore, self.tree_misses)
+        self.tree_wait = min(self.backoff * self.tree_wait, max(1, math.ceil(lost / (budget * rival_cost))))
