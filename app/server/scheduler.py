@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Optional
 
 import mlx.core as mx
+
 from app.model_thread import describe_error
 from app.server import MAX_BATCH
 from app.server.jobs import Delta, Done, Job, stop_hit, token_logprob
