@@ -49,8 +49,8 @@ class Done:
     queue_seconds: float = 0.0  # from its arrival to its start
 
     def summary(self) -> str:
-        """The server log's line for this request: tokens, speed, tau (where it decoded
-        speculatively to its end), time in the queue."""
+        """The server log's line for this request: tokens, speed, tau (over its cycles; a
+        batched step is a cycle of one token), time in the queue."""
         tau = (
             f", tau {self.stats.mean_acceptance:.2f}" if self.stats is not None and self.stats.accepted_lengths else ""
         )

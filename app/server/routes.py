@@ -300,7 +300,7 @@ def metrics_text(worker: Worker) -> str:
         ("completion_tokens_total", "counter", "tokens generated", m.completion_tokens),
         ("generation_seconds_total", "counter", "seconds spent generating them", round(m.generation_seconds, 6)),
         ("tokens_per_second", "gauge", "generation speed of the last finished request", m.last_tokens_per_second),
-        ("cycles_total", "counter", "draft/verify cycles", m.cycles),
+        ("cycles_total", "counter", "draft/verify cycles (a batched step: one of one token)", m.cycles),
         ("tau", "gauge", "mean tokens committed per cycle, all requests", round(m.tau, 4)),
     ]
     lines = []
