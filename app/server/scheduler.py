@@ -16,7 +16,9 @@ pool, so that hot prefixes and the next turn of a conversation are reused whethe
 decodes alone or batched). It joins the batch from that cache, which then holds every
 token of its prompt and of its answer so far but the last (fed by its first step): a
 request that was decoding alone stops at the end of a cycle and joins with what its
-cache holds, nothing prefilled again; a newcomer's prompt is prefilled into its cache,
+cache holds, nothing prefilled again (but on a hybrid target after a plain step, which
+fed the last token already: a recurrent state cannot drop it, so the cache goes back to
+its snapshot at the prompt's end and the answer so far is prefilled); a newcomer's prompt is prefilled into its cache,
 the drafter's context with it. `BatchDecoder.add` copies the cache, so the pooled one
 stays as the request joined. A row that goes back to decoding alone continues that
 pooled cache: the target runs again over the tokens the row decoded in the batch (the
