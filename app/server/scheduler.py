@@ -18,11 +18,12 @@ token of its prompt and of its answer so far but the last (fed by its first step
 request that was decoding alone stops at the end of a cycle and joins with what its
 cache holds, nothing prefilled again (but on a hybrid target after a plain step, which
 fed the last token already: a recurrent state cannot drop it, so the cache goes back to
-its snapshot at the prompt's end and the answer so far is prefilled); a newcomer's prompt is prefilled into its cache,
-the drafter's context with it. `BatchDecoder.add` copies the cache, so the pooled one
-stays as the request joined. A row that goes back to decoding alone continues that
-pooled cache: the target runs again over the tokens the row decoded in the batch (the
-batch steps capture no features, and the drafter needs them as context), nothing else.
+its snapshot at the end of its last prefill and prefills the tokens since); a newcomer's
+prompt is prefilled into its cache, the drafter's context with it. `BatchDecoder.add`
+copies the cache, so the pooled one stays as the request joined. A row that goes back to
+decoding alone continues that pooled cache: the target runs again over the tokens the
+row decoded in the batch (the batch steps capture no features, and the drafter needs
+them as context), nothing else.
 
 Hand-overs are exact: a row's token at position t is drawn from the key (seed, t) alone,
 in the batch as in the speculative loop, so a request that moves continues with the
