@@ -122,6 +122,26 @@ class GenerationStats:
         self.drafted_tokens += size - 1
         self.accepted_drafted_tokens += accepted
 
+    def absorb(self, later: "GenerationStats") -> None:
+        """Add `later`, the stats of a later stretch of the same request (a server's request
+        that decoded alone, then in a batch, then alone again): its cycles, tokens and times
+        add up; the widths it allowed widen these; the prompt figures stay this one's."""
+        self.block_size = max(self.block_size, later.block_size)
+        self.adaptive = self.adaptive or later.adaptive
+        self.tree_budget = self.tree_budget if later.tree_budget is None else later.tree_budget
+        self.cycles += later.cycles
+        self.accepted_lengths += later.accepted_lengths
+        self.block_sizes += later.block_sizes
+        self.trees += later.trees
+        self.drafted_tokens += later.drafted_tokens
+        self.accepted_drafted_tokens += later.accepted_drafted_tokens
+        self.lookup_chains += later.lookup_chains
+        self.draft_time += later.draft_time
+        self.verify_time += later.verify_time
+        self.generation_time += later.generation_time
+        self.generated_tokens += later.generated_tokens
+        self.draft_cache_tokens, self.draft_cache_bytes = later.draft_cache_tokens, later.draft_cache_bytes
+
     def to_dict(self) -> dict[str, Any]:
         """A plain, JSON-able copy of the numbers, derived ones included: the one view
         the chat, the server, the benchmark and `dflash eval` read."""

@@ -123,6 +123,44 @@ def test_concurrent_requests_each_equal_their_solo_answer(live, worker):
     assert metric(after, "queue_seconds_total") >= metric(before, "queue_seconds_total")
 
 
+def post(live: str, body: dict) -> dict:
+    """A chat completion's JSON reply, over plain HTTP (the `dflash` object included)."""
+    return httpx.post(f"{live}/v1/chat/completions", json=body | {"model": MODEL}, timeout=120).json()
+
+
+def test_hand_over_prefills_no_prompt_again_and_batched_requests_get_stats(live, worker):
+    """A request decoding alone joins the batch with its own cache, and goes back to
+    decoding alone from it: no prompt is prefilled twice, only the tokens it decoded in the
+    batch run again (for the drafter). Both replies carry `dflash` stats in which each
+    batched step is a cycle of one token."""
+    wait_idle(worker)
+    long = {"messages": user("Tell me about the history of bridges, in detail."), "max_tokens": LONG, "temperature": 0}
+    short = {"messages": user("Name three rivers of Europe."), "max_tokens": 8, "temperature": 0}
+    before, resumed = httpx.get(f"{live}/metrics").text, worker.scheduler.resumed
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, live, long)
+        while worker.running is None or worker.running.generated < 2:  # the first one decodes alone
+            time.sleep(0.01)
+        replies = [first, pool.submit(post, live, short)]
+        a, b = [r.result() for r in replies]
+    wait_idle(worker)
+    after = httpx.get(f"{live}/metrics").text
+
+    def grew(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
+    fresh = sum(r["usage"]["prompt_tokens"] - r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (a, b))
+    assert grew("batch_steps_total") > 0 and worker.scheduler.resumed > resumed
+    assert 0 < grew("prompt_prefilled_tokens_total") <= fresh  # each prompt once, at most
+    assert 0 < grew("caught_up_tokens_total") <= a["usage"]["completion_tokens"]
+    # the newcomer decoded in the batch only: every token a cycle of one
+    assert b["dflash"]["cycles"] == b["usage"]["completion_tokens"] and b["dflash"]["tau"] == 1.0
+    assert b["dflash"]["widths"] == {"plain": b["dflash"]["cycles"]}
+    # the first one: its speculative cycles and its batched steps
+    assert a["dflash"]["cycles"] > 0 and "plain" in a["dflash"]["widths"] and a["dflash"]["tau"] >= 1.0
+    assert sum(n * (k + 1) for k, n in enumerate(a["dflash"]["accepted_length_histogram"])) < LONG
+
+
 def test_health_names_the_policy(live, worker):
     health = httpx.get(f"{live}/health").json()
     assert "continuous batching: up to 8 requests" in health["queue"]["policy"]

@@ -4,13 +4,14 @@ failures as one line), the cache pool, the error body, and the worker's drafter.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 from typer.testing import CliRunner
 
 from app.server.request import APIError
-from app.server.worker import CachePool, Worker
+from app.server.worker import LOG, CachePool, Worker, print_log
 from app.server.routes import host_warning
 
 
@@ -83,3 +84,18 @@ def test_cache_pool_continues_a_conversation_else_takes_a_fresh_cache():
 def test_error_body_is_openai_shaped():
     body = APIError("bad", param="top_p", code="x").body()
     assert body == {"error": {"message": "bad", "type": "invalid_request_error", "param": "top_p", "code": "x"}}
+
+
+def test_worker_lines_are_log_records_that_serve_prints(caplog, capsys):
+    """The worker's lines are `dflash.server` records (a test captures them, nothing leaks
+    to stderr); `dflash serve` prints them bare to stderr while it runs, and only then."""
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    worker = Worker()  # not started: no model needed to log
+    worker.log("request done (stop): 3 tokens")
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [("dflash.server", "request done (stop): 3 tokens")]
+    assert capsys.readouterr().err == ""
+    handlers = list(LOG.handlers)
+    with print_log():
+        worker.log("queue: one at a time")
+    assert capsys.readouterr().err == "queue: one at a time\n"
+    assert LOG.handlers == handlers and LOG.level == logging.INFO

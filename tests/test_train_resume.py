@@ -97,3 +97,30 @@ def test_the_resume_point_is_compact_and_a_new_machine_resumes_from_it(tmp_path,
     assert result["step"] == 5
     state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
     assert state["seen"] == 10
+
+
+def test_a_checkpoint_comes_right_before_each_new_chunks_features(tmp_path, monkeypatch):
+    """A run that ends during a chunk's target pass (here: the second chunk's) resumes from
+    the checkpoint and resume point saved right before that pass, and ends as an
+    uninterrupted run does."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point, parts = tmp_path / "point", tmp_path / "parts"
+    run = dict(max_steps=4, feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
+    train(_args(data, tmp_path / "whole", **run), log=lambda s: None)
+    shutil.rmtree(data.parent / "features")
+    passes = []
+
+    def stop_in_the_second_pass(line: str) -> None:
+        if line.startswith("features:"):
+            passes.append(line)
+            if len(passes) == 2:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_args(data, parts, **run), log=stop_in_the_second_pass)
+    for state in (parts / "checkpoint" / "state.json", point / "state.json"):
+        saved = json.loads(state.read_text())
+        assert (saved["step"], saved["epoch"], saved["pos"], saved["epoch_size"]) == (1, 1, 0, 0)
+    train(_args(data, parts, resume=True, **run), log=lambda s: None)
+    whole, resumed = _weights(tmp_path / "whole"), _weights(parts)
+    assert all(mx.array_equal(whole[k], resumed[k]).item() for k in whole)

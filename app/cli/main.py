@@ -245,7 +245,7 @@ def serve(
     from dflash_mlx.distributed import choose_sharding, world_size
 
     from app.server.ranks import Ranks, follow
-    from app.server.worker import Worker
+    from app.server.worker import Worker, print_log
     from app.server.routes import run_server
 
     positive(max_tokens, "--max-tokens")
@@ -264,10 +264,11 @@ def serve(
         ranks=ranks,
         log=None if ranks is None or ranks.leader else lambda line: None,  # rank 0 logs for all
     )
-    if ranks is None or ranks.leader:
-        run_server(worker, host, port)
-    else:  # under mlx.launch: run what rank 0's server receives
-        follow(worker)
+    with print_log():
+        if ranks is None or ranks.leader:
+            run_server(worker, host, port)
+        else:  # under mlx.launch: run what rank 0's server receives
+            follow(worker)
     # Stopped cleanly. MLX can abort in interpreter teardown while arrays of the ended
     # worker thread are freed ("terminate called without an active exception"), more
     # often on a loaded machine: leave without the teardown.

@@ -49,8 +49,8 @@ class Done:
     queue_seconds: float = 0.0  # from its arrival to its start
 
     def summary(self) -> str:
-        """The server log's line for this request: tokens, speed, tau (where it decoded
-        speculatively to its end), time in the queue."""
+        """The server log's line for this request: tokens, speed, tau (over its cycles; a
+        batched step is a cycle of one token), time in the queue."""
         tau = (
             f", tau {self.stats.mean_acceptance:.2f}" if self.stats is not None and self.stats.accepted_lengths else ""
         )
@@ -80,6 +80,8 @@ class Metrics:
     batch_steps: int = 0  # batched target steps (continuous batching), and their rows
     batch_rows: int = 0
     occupancy: int = 0  # rows in the last batched step
+    prefilled: int = 0  # prompt tokens run through the target (not read from a cache)
+    caught_up: int = 0  # tokens decoded in a batch, run through the target again for the drafter
 
     def record(self, done: Done) -> None:
         """Add a finished request."""
@@ -101,6 +103,14 @@ class Metrics:
         self.batch_steps += 1
         self.batch_rows += rows
         self.occupancy = rows
+
+    def fed(self, tokens: int, again: bool) -> None:
+        """Add a prefill of `tokens` tokens: a prompt's, or (`again`) a request's that goes
+        back to decoding alone and gives the drafter the tokens it decoded in a batch."""
+        if again:
+            self.caught_up += tokens
+        else:
+            self.prefilled += tokens
 
     @property
     def tau(self) -> float:

@@ -295,10 +295,12 @@ def metrics_text(worker: Worker) -> str:
         ("prompt_tokens_total", "counter", "prompt tokens of finished requests", m.prompt_tokens),
         ("prompt_cache_hits_total", "counter", "requests that read part of their prompt from a cache", m.cache_hits),
         ("prompt_cached_tokens_total", "counter", "prompt tokens read from a prompt cache", m.cached_tokens),
+        ("prompt_prefilled_tokens_total", "counter", "prompt tokens prefilled (not read from a cache)", m.prefilled),
+        ("caught_up_tokens_total", "counter", "batched tokens prefilled again to decode alone", m.caught_up),
         ("completion_tokens_total", "counter", "tokens generated", m.completion_tokens),
         ("generation_seconds_total", "counter", "seconds spent generating them", round(m.generation_seconds, 6)),
         ("tokens_per_second", "gauge", "generation speed of the last finished request", m.last_tokens_per_second),
-        ("cycles_total", "counter", "draft/verify cycles", m.cycles),
+        ("cycles_total", "counter", "draft/verify cycles (a batched step: one of one token)", m.cycles),
         ("tau", "gauge", "mean tokens committed per cycle, all requests", round(m.tau, 4)),
     ]
     lines = []

@@ -11,12 +11,26 @@ prompt does not stall the others. A row leaves at its end (EOS, a stop string,
 `max_tokens`) or when its client goes away. A row left alone with `RESUME` tokens or more
 to go returns to speculative decoding.
 
+Each request has its own prompt cache (`Running.cache`, a sequence from the worker's
+pool, so that hot prefixes and the next turn of a conversation are reused whether it
+decodes alone or batched). It joins the batch from that cache, which then holds every
+token of its prompt and of its answer so far but the last (fed by its first step): a
+request that was decoding alone stops at the end of a cycle and joins with what its
+cache holds, nothing prefilled again (but on a hybrid target after a plain step, which
+fed the last token already: a recurrent state cannot drop it, so the cache goes back to
+its snapshot at the end of its last prefill and prefills the tokens since); a newcomer's
+prompt is prefilled into its cache, the drafter's context with it. `BatchDecoder.add`
+copies the cache, so the pooled one stays as the request joined. A row that goes back to
+decoding alone continues that pooled cache: the target runs again over the tokens the
+row decoded in the batch (the batch steps capture no features, and the drafter needs
+them as context), nothing else.
+
 Hand-overs are exact: a row's token at position t is drawn from the key (seed, t) alone,
-in the batch as in the speculative loop, so a request that moves (prompt and the tokens
-it has so far prefilled into a fresh cache, its last token fed next) continues with the
+in the batch as in the speculative loop, so a request that moves continues with the
 very tokens it would have drawn alone. Each request keeps its own `TokenText` (its
 detokenizer and stop strings), fed its tokens whichever decoding drew them, so its text,
-stop and finish reason never depend on who shared the batch.
+stop and finish reason never depend on who shared the batch. Its `stats` count every
+cycle: its speculative ones, and each batched step as a cycle of one token.
 
 `policy` says when requests are served one at a time instead (today's path in
 `worker`): `--max-batch 1`, under `mlx.launch`, a quantized KV cache, a target family
@@ -31,13 +45,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from app.model_thread import describe_error
 from app.server import MAX_BATCH
 from app.server.jobs import Delta, Done, Job, stop_hit, token_logprob
-from dflash_mlx import DecodeOptions
-from dflash_mlx.batch import BatchDecoder, prefill, refusal
+from dflash_mlx import DecodeOptions, GenerationStats
+from dflash_mlx.batch import PREFILL_CHUNK, BatchDecoder, refusal
 from dflash_mlx.text import TokenText
 
 __all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "policy"]
@@ -77,8 +90,9 @@ class Running:
     tokens: list[int] = field(default_factory=list)
     sent: list[str] = field(default_factory=list)
     reason: Optional[str] = None  # its finish reason, once it ended
-    stats: Any = None  # the speculative loop's, while the request has decoded alone
-    batched: bool = False
+    cache: Any = None  # its sequence (`dflash_mlx.make_prompt_cache`) from the worker's pool
+    # every cycle it ran: speculative ones, and each batched step as a cycle of one token
+    stats: GenerationStats = field(default_factory=lambda: GenerationStats(block_size=1))
     cached: int = 0  # prompt tokens read from a pooled cache
     prompt_seconds: float = 0.0
     first: float = 0.0  # when its first token came
@@ -106,26 +120,22 @@ class Running:
         return self.reason is not None
 
     def done(self, tokenizer: Any) -> Done:
-        """Its `Done` (the stop string that ended it, speed, the speculative stats where it
-        decoded alone from start to end)."""
+        """Its `Done` (the stop string that ended it, speed, its stats)."""
         req, stop, reason = self.job.request, None, self.reason or "cancelled"
         if reason == "stop" and req.stop and self.tokens[-1] not in tokenizer.eos_token_ids:
             stop = stop_hit(tokenizer.decode(self.tokens), "".join(self.sent), req.stop)
         seconds = time.perf_counter() - self.first if self.first else 0.0
         tps = len(self.tokens) / seconds if seconds > 0 else 0.0
         prompt_tps = (len(req.prompt) - self.cached) / self.prompt_seconds if self.prompt_seconds else 0.0
-        stats = None if self.batched else self.stats
-        return Done(
-            reason, stop, len(self.tokens), len(req.prompt), self.cached, stats, tps, prompt_tps, self.queue_seconds
-        )
+        n, cached = len(self.tokens), self.cached
+        return Done(reason, stop, n, len(req.prompt), cached, self.stats, tps, prompt_tps, self.queue_seconds)
 
 
 class _Joining(NamedTuple):
-    """A request on its way into the batch: its cache, its prefill's chunks, and how many
-    tokens that prefill feeds."""
+    """A request on its way into the batch: its prefill's chunks, and how many tokens its
+    cache holds once they are in."""
 
     run: Running
-    cache: list
     chunks: Iterator[int]
     total: int
 
@@ -173,36 +183,55 @@ class Scheduler:
         return not self.worker.inbox.empty()
 
     def _alone(self, run: Running) -> None:
-        """Decode `run` speculatively until it ends, is cancelled, or (once it has a token
-        more) another request waits."""
+        """Decode `run` speculatively until it ends, is cancelled, or (at the end of a cycle
+        that gave it a token more) another request waits."""
         if run.job.cancelled.is_set():  # before it started (its client left while it waited)
             return
-        w, req, fresh = self.worker, run.job.request, not run.tokens
-        prompt = req.prompt + run.tokens
-        cache = w.pool.take(prompt)
-        tic, had = time.perf_counter(), len(run.tokens)
+        w, fresh = self.worker, not run.tokens
+        fed = run.job.request.prompt + run.tokens
+        run.cache = w.pool.take(fed)  # its own, unless another request took it over meanwhile
+        tic, had, closed = time.perf_counter(), len(run.tokens), [False]
 
         def stops() -> bool:
-            return run.job.cancelled.is_set() or run.reason is not None or (len(run.tokens) > had and self._waiting())
+            waited = len(run.tokens) > had and closed[0] and self._waiting()
+            return run.job.cancelled.is_set() or run.reason is not None or waited
 
         def response(r: Any) -> None:
             if run.reason is None:
                 if fresh and not run.tokens:
                     run.cached, run.prompt_seconds = r.stats.prompt_cached, time.perf_counter() - tic
-                run.stats = r.stats
+                closed[0] = not r.from_draft  # a cycle's last token is the target's own
                 run.accept(w.tokenizer, r.token, r.logprobs)
 
-        w.decode(
-            prompt,
+        last = self._decode(run, fed, run.left, response, stops, w.prefill_progress())
+        if last is not None:
+            run.stats.absorb(last.stats)
+
+    def _decode(
+        self, run: Running, fed: list[int], max_tokens: int, on_response: Any, stops: Any, progress: Any = None
+    ) -> Any:
+        """The speculative loop on `run`'s cache over `fed` (its prompt and answer so far);
+        the prefill it starts with is counted in the metrics. Its last response, if any."""
+        w, first = self.worker, [True]
+
+        def response(r: Any) -> None:
+            if first[0]:
+                w.metrics.fed(len(fed) - r.stats.prompt_cached, again=bool(run.tokens))
+                first[0] = False
+            on_response(r)
+
+        last, _ = w.decode(
+            fed,
             w.draft,
             run.options,
-            cache,
-            max_tokens=run.left,
+            run.cache,
+            max_tokens=max_tokens,
             cancelled=stops,
             on_response=response,
-            drop_cache=lambda: w.pool.drop(cache),
-            on_prefill=w.prefill_progress(),
+            drop_cache=lambda: w.pool.drop(run.cache),
+            on_prefill=progress,
         )
+        return last
 
     def _batch(self, first: Running) -> Optional[Running]:
         """Decode `first` and whoever comes as rows of one batch, until none is left (None)
@@ -226,12 +255,27 @@ class Scheduler:
                     return run
 
     def _joining(self, run: Running) -> _Joining:
-        """`run` on its way into the batch: a fresh cache, and the prefill of its prompt
-        and tokens but the last (fed by its first step)."""
+        """`run` on its way into the batch, from its own cache (a newcomer: one from the pool)."""
         fed = run.job.request.prompt + run.tokens
-        cache = make_prompt_cache(self.worker.model)
-        run.batched = True
-        return _Joining(run, cache, prefill(self.worker.model, fed[:-1], cache), len(fed) - 1)
+        if run.cache is None:
+            run.cache = self.worker.pool.take(fed)
+        return _Joining(run, self._fill(run, fed), len(fed) - 1)
+
+    def _fill(self, run: Running, fed: list[int]) -> Iterator[int]:
+        """Make `run`'s cache hold every token of `fed` (its prompt and answer so far) but
+        the last: what it holds of them stays (all, for a request that was decoding alone;
+        a newcomer's pooled prefix), the rest is prefilled `PREFILL_CHUNK` tokens at a time
+        with the drafter's context. Yields how many it holds after each chunk. Runs when
+        the request's turn to join comes, so that requests sharing a pooled cache fill it
+        one after another (the batch copies it)."""
+        held = run.cache.cache.reuse(fed, with_drafter=self.worker.draft is not None)
+        if not run.tokens:
+            run.cached = held
+        while held < len(fed) - 1:
+            held = min(held + PREFILL_CHUNK, len(fed) - 1)
+            # a prefill through the loop (its one token is not used): the drafter's context too
+            self._decode(run, fed[:held], 1, lambda r: None, lambda: False)
+            yield held
 
     def _admit(self, joining: list, rows: int) -> None:
         """Start waiting requests while the batch has room."""
@@ -248,15 +292,15 @@ class Scheduler:
     def _prefill_chunk(self, decoder: BatchDecoder, rows: dict, joining: list) -> None:
         """One prefill chunk of the first joining request; it joins the batch after its last."""
         entry, tic = joining[0], time.perf_counter()
-        fed = next(entry.chunks, entry.total)
+        held = next(entry.chunks, entry.total)
         run = entry.run
         run.prompt_seconds += time.perf_counter() - tic
-        if fed < entry.total:
+        if held < entry.total:
             return
         joining.pop(0)
         req = run.job.request
-        last = (req.prompt + run.tokens)[-1]
-        rows[decoder.add(entry.cache, last, run.options.sampling(), logprobs=req.logprobs is not None)] = run
+        last, sampling = (req.prompt + run.tokens)[-1], run.options.sampling()
+        rows[decoder.add(run.cache.cache.target, last, sampling, logprobs=req.logprobs is not None)] = run
 
     def _drop_cancelled(self, decoder: BatchDecoder, rows: dict, joining: list) -> None:
         for uid, run in list(rows.items()):
@@ -274,6 +318,7 @@ class Scheduler:
         self.worker.metrics.stepped(len(drawn))
         for uid, token, logprobs in drawn:
             run = rows[uid]
+            run.stats.record(1, 0)
             if run.accept(self.worker.tokenizer, token, logprobs):
                 decoder.remove(uid)
                 del rows[uid]

@@ -21,17 +21,24 @@ says how many prompt tokens were not prefilled.
 A prompt is prefilled in chunks (`dflash_mlx.PREFILL_STEP` tokens); one longer than a chunk
 logs its progress, and a streamed chat answer's first event (the role) goes out before
 the prefill.
+
+The worker's lines (the queue's policy at the start, prefill progress, one line per
+finished request) go to the `dflash.server` logger (`LOG`), which `dflash serve` prints
+to stderr as bare lines (`print_log`); elsewhere (tests, an embedding program) they are
+logging records like any other.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import secrets
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from app.model_thread import Failed, ModelThread, describe_error
 from app.server.jobs import Delta, Done, Job, Metrics, QueueFull, stop_hit, token_logprob
@@ -39,7 +46,25 @@ from app.server.request import CompletionRequest, ModelInfo
 from app.server.scheduler import MAX_BATCH, Scheduler
 from dflash_mlx import PREFILL_STEP, DecodeOptions, context_length
 
-__all__ = ["CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker"]
+__all__ = ["LOG", "CachePool", "Delta", "Done", "Failed", "Job", "Metrics", "QueueFull", "Worker", "print_log"]
+
+#: Where the worker's lines go (see the module docstring).
+LOG = logging.getLogger("dflash.server")
+
+
+@contextmanager
+def print_log() -> Iterator[None]:
+    """While it lasts, print the worker's lines (`LOG`, INFO and up) to stderr, each as it
+    is: `dflash serve`'s console. `LOG` is as it was afterwards."""
+    handler, level = logging.StreamHandler(sys.stderr), LOG.level
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        LOG.removeHandler(handler)
+        LOG.setLevel(level)
 
 
 #: Prompt tokens shared with a pooled cache that make a request take that cache (fewer:
@@ -93,7 +118,7 @@ class Worker(ModelThread):
         no_draft: decode with the target alone.
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
         max_batch: requests decoded together at most (1: one at a time).
-        log: where prefill progress and finished requests' lines go (default: stderr).
+        log: where prefill progress and finished requests' lines go (default: `LOG.info`).
         sharding: load the target sharded over the ranks of `mlx.launch` (`dflash_mlx.load`).
         ranks: under `mlx.launch`, the other ranks (a `ranks.Ranks`, which imports this
             module, hence `Any` here): rank 0's worker sends them each request; a
@@ -119,7 +144,7 @@ class Worker(ModelThread):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
         super().__init__("dflash-serve", max_queue=max_queue)
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.log = log or LOG.info
         self.sharding, self.ranks = sharding, ranks
         self.model_ref, self.draft_ref, self.no_draft, self.draft_vocab = model, draft, no_draft, draft_vocab
         self.options, self.default_max_tokens, self.cache_slots = options, default_max_tokens, cache_slots
@@ -212,8 +237,9 @@ class Worker(ModelThread):
             if self.scheduler.batched:
                 self.scheduler.serve(job)
             else:
-                queued = time.perf_counter() - job.queued_at
-                self.finished(replace(self._generate(job), queue_seconds=queued))
+                queued, done = time.perf_counter() - job.queued_at, self._generate(job)
+                self.metrics.fed(done.prompt_tokens - done.cached_tokens, again=False)
+                self.finished(replace(done, queue_seconds=queued))
         finally:
             self.running = None
 

@@ -5,6 +5,8 @@ come from the on-disk `FeatureStore`, filled once before training (and for seque
 appended to the data since, at each epoch). With `feature_chunk` the store grows by at
 most that many sequences (in data order) at each epoch, and an epoch covers the stored
 ones: training starts at once on a new machine instead of after hours of target passes.
+A checkpoint (and the resume point) is saved right before each new chunk's target pass,
+so that a session ending during that long pass loses none of the epoch before it.
 A step samples anchors in a batch of sequences, runs every block through the drafter in
 one forward (`objective`), and takes one AdamW step. Everything a step draws at random comes from a generator seeded by
 (seed, step, rank), and the epoch order from (seed, epoch): `--resume` continues exactly
@@ -121,9 +123,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
 
-    def refresh_data(self) -> None:
+    def refresh_data(self, save_first: bool = False) -> None:
         """(Re)read the data (it may grow while training) and compute missing features:
-        rank 0 fills the store, the others wait for it and reopen it. Its CPU time goes to
+        rank 0 fills the store (with `save_first`, after saving a checkpoint where there are
+        features to compute), the others wait for it and reopen it. Its CPU time goes to
         `data_seconds`, not to the training steps' core-hours (recipes compare per step's worth)."""
         a, cpu = self.args, time.process_time()
         seqs = []
@@ -141,6 +144,8 @@ class Trainer:
                 if a.feature_chunk:  # epoch e trains on the first (e + 1) chunks, one new chunk at most
                     stored = len(seqs) - len(missing)
                     missing = missing[: min(a.feature_chunk, max(0, (self.state.epoch + 1) * a.feature_chunk - stored))]
+                if missing and save_first:
+                    save_checkpoint(self.out, self.drafter, self.optimizer, self.state, a)
                 if missing:
                     with count_bar("features", len(missing), self.args.progress, self.log) as advance:
                         fill_store(
@@ -200,8 +205,9 @@ class Trainer:
         a, st, B = self.args, self.state, self.cfg.block_size
         if st.pos + a.batch_size > st.epoch_size and st.pos > 0 or st.epoch_size == 0:
             if st.epoch_size:
-                st.epoch += 1
-                self.refresh_data()
+                # the next epoch, not begun (as a checkpoint saved before its features resumes it)
+                st.epoch, st.pos, st.epoch_size = st.epoch + 1, 0, 0
+                self.refresh_data(save_first=True)
             st.pos, st.epoch_size = 0, len(self.seqs)
         order = list(range(st.epoch_size))
         random.Random(a.seed + st.epoch).shuffle(order)

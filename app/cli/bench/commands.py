@@ -6,7 +6,9 @@
     dflash bench kernels [...]               the verify kernel against mx.quantized_matmul
     dflash bench concurrency 1,2,4,8 [...]   dflash serve against mlx_lm.server under N clients
 
-`dflash bench` alone runs `speed` with its defaults. Each parses its options, runs the
+`dflash bench` alone runs `speed` with its defaults, and `dflash bench -m 32 ...` (options
+first, no subcommand: as `git stash -p` is `git stash push -p`) runs `speed` with them.
+Each parses its options, runs the
 benchmark in its module (`speed.py`, `context.py`, `verify.py`, `kernels.py`, `concurrency.py`) under a
 status line on stderr, and prints its table (`--json`: the report too).
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 import typer
+from typer.core import TyperGroup
 
 from app.cli.common import SHARDING_HELP, check_pair, integers, one_line_errors, positive, writable, write_json
 from app.flags import KV_CACHE, decode_flags
@@ -24,7 +27,17 @@ from dflash_mlx import DecodeOptions, read_prompt_sources
 
 from .context import DEFAULT_CONTEXTS
 
-bench_app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+class _SpeedByDefault(TyperGroup):
+    """`bench` followed by an option (not --help) is `bench speed` followed by it."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in self.get_help_option_names(ctx):
+            args = ["speed", *args]
+        return super().parse_args(ctx, args)
+
+
+bench_app = typer.Typer(cls=_SpeedByDefault, add_completion=False, rich_markup_mode=None)
 
 MODEL_HELP = "Target (default: SmolLM2-135M-Instruct)."
 JSON_HELP = "Write the report as JSON here."
