@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Hashable, Optional, Sequence, TypeVar
 
 
 class Acceptance:
@@ -111,6 +111,10 @@ class Records:
         return guess if guess and keep else []
 
 
+#: What costs are keyed by: a chain's size, a policy's width, a batch's (rows, width).
+Key = TypeVar("Key", bound=Hashable)
+
+
 @dataclass
 class Cost:
     """The measured seconds of one kind of cycle: the mean of the first samples, then a
@@ -127,7 +131,7 @@ class Cost:
         self.mean = (1 - weight) * self.mean + weight * min(seconds, 3 * self.mean)
 
 
-def charge(costs: dict[int, Cost], key: int, seconds: float, memory: float) -> None:
+def charge(costs: dict[Key, Cost], key: Key, seconds: float, memory: float) -> None:
     """Fold one measured cycle into `costs[key]` (a new record at its first sample)."""
     record: Optional[Cost] = costs.get(key)
     if record is None:

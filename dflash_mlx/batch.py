@@ -26,6 +26,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
+from .drafter import Drafter
+from .pair import Pair
 from .sampling import SamplingParams, log_softmax
 from .targets import model_type
 
@@ -70,16 +72,31 @@ def batchable(model: nn.Module) -> bool:
     return refusal(model) is None
 
 
-def prefill(model: nn.Module, tokens: Sequence[int], cache: list[Any], chunk: int = PREFILL_CHUNK) -> Iterator[int]:
+def prefill(
+    model: nn.Module,
+    tokens: Sequence[int],
+    cache: list[Any],
+    chunk: int = PREFILL_CHUNK,
+    draft: Optional[tuple[Drafter, list[Any]]] = None,
+) -> Iterator[int]:
     """Feed `tokens` into a single-sequence `cache`, `chunk` tokens per forward, yielding
     how many are in after each: a server runs batch steps between chunks, so a long
     prompt does not stall the batch. A request that joins with last token x has fed its
-    prompt up to x (mlx-lm's prefill too leaves the last prompt token to the first step)."""
+    prompt up to x (mlx-lm's prefill too leaves the last prompt token to the first step).
+    With `draft` (a drafter and the sequence's context cache, `Drafter.make_cache`), the
+    tokens' features go into that cache too: what a speculating row joins with
+    (`batch_spec.BatchSpeculator.add`)."""
     if chunk < 1:
         raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+    pair = Pair.of(model, draft[0]) if draft is not None else None
     for start in range(0, len(tokens), chunk):
-        model(mx.array(tokens[start : start + chunk])[None], cache=cache)  # (1, n) -> logits unused
-        mx.eval([layer.state for layer in cache])
+        inputs = mx.array(tokens[start : start + chunk])[None]  # (1, n)
+        if pair is None:
+            model(inputs, cache=cache)  # logits unused
+        else:
+            _, features = pair.target.forward(inputs, cache)  # features (1, n, k * hidden)
+            pair.drafter.append_context(features, draft[1])
+        mx.eval([layer.state for layer in cache] + ([c.keys for c in draft[1]] if draft else []))
         yield min(start + chunk, len(tokens))
 
 
@@ -156,7 +173,7 @@ class BatchDecoder:
         if not self.rows:
             raise ValueError("the batch is empty: add a sequence first")
         inputs = mx.array([[row.last] for row in self.rows])  # (B, 1)
-        logits = self.model(inputs, cache=self.cache)[:, -1]  # (B, V)
+        logits = self._forward(inputs)[:, -1]  # (B, V)
         tokens = mx.concatenate(
             [row.sampling.choose(logits[i : i + 1], row.position) for i, row in enumerate(self.rows)]
         )  # (B,)
@@ -167,6 +184,10 @@ class BatchDecoder:
             row.last, row.position = token, row.position + 1
             drawn.append(Drawn(row.uid, token, lp))
         return drawn
+
+    def _forward(self, inputs: mx.array) -> mx.array:
+        """Logits (B, L, V) of inputs (B, L) through the batch cache: the model's own call."""
+        return self.model(inputs, cache=self.cache)
 
     def _index(self, uid: int) -> int:
         for i, row in enumerate(self.rows):

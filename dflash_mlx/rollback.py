@@ -38,7 +38,14 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, QuantizedKVCache, RotatingKVCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    can_trim_prompt_cache,
+    trim_prompt_cache,
+)
 
 #: replay(layer index, that layer's inputs (1, n, hidden), its cache): rebuild the cache.
 Replay = Callable[[int, mx.array, Any], None]
@@ -77,6 +84,35 @@ class Checkpoint:
                 c.trim(drop)
             else:
                 raise ValueError(f"a {type(c).__name__} target cache cannot be rolled back")
+
+    def rollback_rows(self, drops: Sequence[int]) -> None:
+        """Undo a batched verify (every row fed the same number of tokens, each keeping its
+        own prefix): take row r's last `drops[r]` tokens back out of every layer's batch
+        cache. A `BatchKVCache` is trimmed by the fewest, and each row's further rejected
+        tokens are rolled into its left padding (mlx-lm's `prepare(right_padding=...)` /
+        `finalize()`: a copy of the layer's keys and values; the padding is masked). A
+        gated-delta `ArraysCache` is restored and fed each row's kept inputs again in one
+        forward, the rows past their own length masked by mlx-lm's `lengths` (which holds
+        their state and takes their conv window at their own end)."""
+        least, most = min(drops), max(drops)
+        if most <= 0:
+            return
+        for i, c in enumerate(self.cache):
+            if isinstance(c, ArraysCache):
+                c.cache = list(self.states[i])
+                inputs = self.inputs[i]  # (B, L, hidden)
+                kept = [inputs.shape[1] - d for d in drops]
+                if least < most:
+                    c.prepare(lengths=kept)
+                self.replay(i, inputs[:, : max(kept)], c)
+                c.finalize()  # lengths off (the batch's gated-delta rows carry no left padding)
+            elif isinstance(c, BatchKVCache):
+                c.trim(least)
+                if least < most:
+                    c.prepare(right_padding=[d - least for d in drops])
+                    c.finalize()
+            else:
+                raise ValueError(f"a {type(c).__name__} batch cache cannot be rolled back per row")
 
 
 def _drop_rotating(c: RotatingKVCache, drop: int) -> None:

@@ -1,0 +1,216 @@
+"""Speculative cycles inside the batch: one target verify forward for every row, a drafted
+block per row, each row keeping its own accepted prefix, rolled back per row exactly.
+
+A `BatchSpeculator` is a `batch.BatchDecoder` whose rows also carry their drafter
+context (each row's own context cache: the features of every token its target cache
+holds) and their own acceptance record. A cycle is
+* a plain batched step (`step`): one forward of every row's last token, as the decoder
+  takes it, through the target adapter so that the feature layers' outputs are kept for
+  each row's drafter context (`target.Target.forward` runs mlx-lm's batch caches and their
+  left-padding masks as it runs a single sequence's);
+* or a block of `width` (`speculate`): every row drafts `width - 1` tokens after its last
+  (one drafter forward per row: each row's context cache has its own length), the target
+  verifies the (B, width) tokens in one forward, and each row accepts by the one-sequence
+  loop's rule (`sampling.accept` on its own position-keyed draws), so each row's text is
+  its solo text whatever it shares the batch with and whatever was drafted. Every row's
+  rejected tail leaves the target caches at once (`rollback.Checkpoint.rollback_rows`:
+  rolled into the row's left padding, or replayed for gated-delta states).
+`cycle` picks the width for the batch as it is (`batch_width.BatchWidth`) and teaches it
+the cycle's measured time.
+
+Sliding-window layers (a `BatchRotatingKVCache` cannot give back a row's last tokens) and
+rows that joined without drafter context take plain steps only: `speculation_refusal`
+says why, and `cycle` then steps plainly; never a wrong token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+
+from .acceptance import Acceptance
+from .batch import BatchDecoder, cache_length
+from .batch_width import BatchWidth
+from .drafter import Drafter
+from .pair import Pair
+from .rollback import Checkpoint
+from .sampling import Draws, SamplingParams, accept, log_softmax
+from .targets import model_type
+from .targets.hybrid import HybridTarget
+from .target import Target
+
+#: Target adapters whose forward runs every layer through mlx-lm's batch caches as their
+#: own `__call__` does (the families with extra inputs or shared K/V keep plain steps).
+_ADAPTERS = (Target, HybridTarget)
+
+
+def speculation_refusal(model: nn.Module, drafter: Optional[Drafter]) -> Optional[str]:
+    """Why rows of `model` with `drafter` cannot take speculative cycles in a batch, in one
+    line (they take plain batched steps); None when they can."""
+    if drafter is None:
+        return "no drafter: the batch takes plain steps"
+    for layer in make_prompt_cache(model):
+        if type(layer) not in (KVCache, ArraysCache):
+            kind = type(layer).__name__
+            return f"a {kind} cannot give back one row's rejected tokens in a batch: the batch takes plain steps"
+    if type(Pair.of(model, drafter).target) not in _ADAPTERS:
+        return f"model type {model_type(model)!r} is verified one sequence at a time: the batch takes plain steps"
+    return None
+
+
+class Committed(NamedTuple):
+    """One row's outcome of a cycle: its id, the committed tokens (its accepted drafts,
+    then the target's own token), how many of them are accepted drafts, and the target's
+    log-probabilities (V,) for each (None unless the row asked for them)."""
+
+    uid: int
+    tokens: list[int]
+    accepted: int
+    logprobs: Optional[list[mx.array]]
+
+
+@dataclass
+class _Context:
+    draft: Optional[list[Any]]  # the row's drafter context cache (None: joined without one)
+    record: Acceptance
+    pending: list[mx.array] = field(default_factory=list)  # features (1, n, k * hidden) not yet in `draft`
+
+
+class BatchSpeculator(BatchDecoder):
+    """A batch of sequences that decode with speculative cycles: `speculate(width)` (a
+    drafted block per row, one verify forward), `step()` (a plain batched step), or
+    `cycle()` (whichever `chooser` expects to commit the most tokens per second).
+
+    `add` a row with its drafter context cache (`batch.prefill` with `draft=` fills it);
+    `remove`, `extract` and `context` as in `BatchDecoder`. The models are never changed."""
+
+    def __init__(self, model: nn.Module, drafter: Optional[Drafter], chooser: Optional[BatchWidth] = None):
+        super().__init__(model)
+        self.pair = Pair.of(model, drafter)
+        self.family_refusal = speculation_refusal(model, drafter)
+        block = drafter.config.block_size if drafter is not None else 1
+        self.chooser = chooser if chooser is not None else BatchWidth(sorted({1, min(4, block), block}))
+        self.contexts: dict[int, _Context] = {}
+
+    def add(
+        self,
+        cache: list[Any],
+        last: int,
+        sampling: SamplingParams,
+        logprobs: bool = False,
+        draft: Optional[list[Any]] = None,
+    ) -> int:
+        """A sequence joins (see `BatchDecoder.add`) with `draft`, its drafter context cache
+        holding the features of every token before `last` (taken over, not copied; None:
+        the batch takes plain steps while the row is in). Returns the row's id."""
+        if draft is not None and draft[0].offset != cache_length(cache):
+            raise ValueError(f"draft holds {draft[0].offset} tokens, cache {cache_length(cache)}: they must agree")
+        uid = super().add(cache, last, sampling, logprobs)
+        self.contexts[uid] = _Context(draft, Acceptance(self.pair.block))
+        return uid
+
+    def speculation_refusal(self) -> Optional[str]:
+        """Why the batch as it is now cannot take a speculative cycle (None: it can)."""
+        if self.family_refusal is not None:
+            return self.family_refusal
+        missing = [row.uid for row in self.rows if self.contexts[row.uid].draft is None]
+        if missing:
+            return f"rows {missing} joined without drafter context: the batch takes plain steps"
+        return None
+
+    def remove(self, uid: int) -> None:
+        """Row `uid` leaves (its drafter context with it)."""
+        super().remove(uid)
+        del self.contexts[uid]
+
+    def context(self, uid: int) -> Optional[list[Any]]:
+        """Row `uid`'s drafter context cache, every token it has fed included (None: it
+        joined without one): with `extract`, what `add` takes to continue the row."""
+        self._index(uid)
+        ctx = self.contexts[uid]
+        self._flush(ctx)
+        return ctx.draft
+
+    def records(self) -> list[Acceptance]:
+        """The rows' acceptance records, in row order."""
+        return [self.contexts[row.uid].record for row in self.rows]
+
+    def _flush(self, ctx: _Context) -> None:
+        """Move a row's pending features into its drafter context (one projection)."""
+        if ctx.pending and ctx.draft is not None:
+            self.pair.drafter.append_context(mx.concatenate(ctx.pending, axis=1), ctx.draft)
+        ctx.pending = []
+
+    def _forward(self, inputs: mx.array) -> mx.array:
+        """A plain step through the target adapter: logits (B, 1, V) of inputs (B, 1); each
+        row's features wait in its pending list for its next draft."""
+        if self.family_refusal is not None:
+            return super()._forward(inputs)
+        target = self.pair.target
+        hidden, features = target.forward(inputs, self.cache)  # (B, 1, hidden), (B, 1, k * hidden)
+        for i, row in enumerate(self.rows):
+            ctx = self.contexts[row.uid]
+            if ctx.draft is not None:  # a row without a context takes plain steps only
+                ctx.pending.append(features[i : i + 1])
+        return target.lm_head(hidden)
+
+    def cycle(self) -> list[Committed]:
+        """One cycle of the width `chooser` picks for the batch as it is (a plain step when
+        the batch cannot speculate); the chooser learns its measured seconds."""
+        if not self.rows:
+            raise ValueError("the batch is empty: add a sequence first")
+        rows = len(self.rows)
+        width = 1 if self.speculation_refusal() is not None else self.chooser.choose(self.records())
+        tic = time.perf_counter()
+        if width == 1:
+            out = [Committed(d.uid, [d.token], 0, None if d.logprobs is None else [d.logprobs]) for d in self.step()]
+        else:
+            out = self.speculate(width)
+        self.chooser.update(rows, width, time.perf_counter() - tic)
+        return out
+
+    def speculate(self, width: int) -> list[Committed]:
+        """A drafted block of `width` tokens per row ([last, width - 1 drafts]), verified in
+        one target forward; each row keeps its accepted drafts and the target's next token.
+        Returns one `Committed` per row, in row order."""
+        reason = self.speculation_refusal()
+        if reason is not None:
+            raise ValueError(reason)
+        if not self.rows:
+            raise ValueError("the batch is empty: add a sequence first")
+        if width < 2:
+            raise ValueError(f"width must be an integer >= 2, got {width!r}")
+        target = self.pair.target
+        draws = [row.sampling.draws(row.position) for row in self.rows]  # block positions 1.. choose there
+        drafts = mx.stack([self._draft(row.uid, row.last, d, width) for row, d in zip(self.rows, draws)])  # (B, w-1)
+        inputs = mx.concatenate([mx.array([[row.last] for row in self.rows]), drafts], axis=1)  # (B, w)
+        checkpoint = Checkpoint(self.cache, target.replay)
+        hidden, features = target.forward(inputs, self.cache, checkpoint=checkpoint)  # (B, w, ...)
+        logits = target.lm_head(hidden)  # (B, w, V)
+        outcome = mx.stack([mx.stack(accept(drafts[i], d.choose(logits[i]))) for i, d in enumerate(draws)])  # (B, 2)
+        mx.eval(drafts, outcome)
+        drafted, outcome = drafts.tolist(), outcome.tolist()
+        checkpoint.rollback_rows([width - 1 - a for a, _ in outcome])
+        out = []
+        for i, (row, (a, bonus)) in enumerate(zip(self.rows, outcome)):
+            ctx = self.contexts[row.uid]
+            ctx.pending.append(features[i : i + 1, : a + 1])  # [last, accepted drafts] join the context
+            ctx.record.learn(width, a)
+            row.last, row.position = bonus, row.position + a + 1
+            lps = list(log_softmax(logits[i, : a + 1])) if row.logprobs else None
+            out.append(Committed(row.uid, drafted[i][:a] + [bonus], a, lps))
+        mx.eval([c.state for c in self.cache], [lp for c in out for lp in c.logprobs or []])
+        return out
+
+    def _draft(self, uid: int, last: int, draws: Draws, width: int) -> mx.array:
+        """Row `uid`'s first `width - 1` drafts (width - 1,) after `last`, from the drafter's
+        whole block (as the one-sequence loop's adaptive chains draft)."""
+        ctx, drafter = self.contexts[uid], self.pair.drafter
+        self._flush(ctx)
+        block = mx.array([[last] + [drafter.config.mask_token_id] * (max(width, drafter.config.block_size) - 1)])
+        return drafter.draft(block, ctx.draft, self.pair.target, draws)[: width - 1]

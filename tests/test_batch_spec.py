@@ -1,0 +1,254 @@
+"""Speculation inside the batch (`dflash_mlx/batch_spec.py`): each row's text equals its solo text.
+
+Rows of different prompt lengths and max_tokens join between speculative cycles and leave
+at their own ends; cycles of several widths (and plain steps) alternate. Each row drafts
+with a scripted drafter that knows that row's true continuation and corrupts it where the
+row's pattern says (the row told by its own context cache), so the rows accept different
+lengths in the same verify and every per-row rollback runs: each row's tokens must equal
+* greedy: mlx-lm's own `generate_step` on that prompt alone;
+* seeded T > 0: our one-sequence loop on that request alone, same seed.
+On tiny random llama, qwen3 and hybrid qwen3_5 targets, and on the real SmolLM2 target.
+A sliding-window family and a row without drafter context take plain steps, exactly; a
+row extracted with its context continues exactly in another batch. The width chooser
+(`batch_width.py`) is tested on fixed cost tables.
+"""
+
+from __future__ import annotations
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from dflash_mlx.acceptance import Acceptance
+from dflash_mlx.batch import prefill
+from dflash_mlx.batch_spec import BatchSpeculator, speculation_refusal
+from dflash_mlx.batch_width import CPU_VERIFY_COST, BatchWidth
+from dflash_mlx.drafter import Drafter
+from dflash_mlx.sampling import SamplingParams
+from dflash_mlx.targets import make_target
+
+from conftest import smollm2_drafter_config
+from test_batch import SAMPLED, mlx_alone, ours_alone
+from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
+
+BLOCK = 6
+
+#: (prompt length, max tokens, cycle it joins at)
+REQUESTS = [(5, 20, 0), (13, 9, 0), (2, 16, 2), (9, 12, 5)]
+#: the widths of successive cycles (1: a plain batched step)
+WIDTHS = [4, 6, 1, 3, 6, 2, 1, 5, 6, 4]
+#: where each request's drafts are wrong: corrupt(cycle, k) for draft k of the block
+PATTERNS = [
+    lambda cycle, k: False,  # every draft right
+    lambda cycle, k: k == 2,  # one accepted
+    lambda cycle, k: (cycle + k) % 3 == 0,  # 0, 1 or 2 accepted, by cycle
+    lambda cycle, k: k == 1 + cycle % 4,  # 0 to 3 accepted
+]
+
+
+class RowScripted(Drafter):
+    """A real drafter forward whose logits (one-hot, through its head) propose each row's
+    true continuation, corrupted as the row's pattern says; the row is told by its context
+    cache (`watch`), the block's position by that cache's length, like a real drafter."""
+
+    def __init__(self, config, vocab: int):
+        super().__init__(config)
+        self.vocab, self.rows = vocab, {}
+
+    def watch(self, draft: list, truth: list[int], corrupt) -> None:
+        """Script the row whose context cache is `draft`."""
+        self.rows[id(draft[0])] = [truth, corrupt, 0]
+
+    def __call__(self, block_embeddings, cache):
+        self.row, self.position = self.rows[id(cache[0])], cache[0].offset
+        return super().__call__(block_embeddings, cache)
+
+    def head(self, h, target):
+        truth, corrupt, cycle = self.row
+        tokens = []
+        for k in range(1, h.shape[0] + 1):
+            true = truth[self.position + k] if self.position + k < len(truth) else 0
+            tokens.append((true + 1) % self.vocab if corrupt(cycle, k) else true)
+        self.row[2] += 1
+        return mx.where(mx.arange(self.vocab)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
+
+
+def _prompt(length: int, salt: int, vocab: int = VOCAB) -> list[int]:
+    return [(7 * i + 31 * salt + 3) % vocab for i in range(length)]
+
+
+def _scripted(model, vocab: int = VOCAB) -> RowScripted:
+    mx.random.seed(3)
+    if vocab == VOCAB:
+        config = tiny_drafter_config(make_target(model).num_layers, BLOCK, mask_token_id=VOCAB - 1)
+    else:
+        config = smollm2_drafter_config(block_size=BLOCK)
+    drafter = RowScripted(config, vocab)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def _join(spec: BatchSpeculator, model, drafter, prompt: list[int], sampling: SamplingParams) -> tuple[int, list]:
+    cache, draft = make_prompt_cache(model), drafter.make_cache()
+    list(prefill(model, prompt[:-1], cache, chunk=4, draft=(drafter, draft)))
+    return spec.add(cache, prompt[-1], sampling, draft=draft), draft
+
+
+def run(model, drafter, samplings, solo, vocab: int = VOCAB, swap=False) -> dict[int, list[int]]:
+    """Decode REQUESTS in one speculating batch with `drafter` scripted by the `solo` texts;
+    each request's first max_tokens tokens by its index."""
+    spec, out, owner, accepted = BatchSpeculator(model, drafter), {}, {}, []
+    for cycle, width in enumerate(WIDTHS * 4):
+        for k, (length, _, joins) in enumerate(REQUESTS):
+            if joins == cycle:
+                prompt = _prompt(length, k, vocab)
+                uid, draft = _join(spec, model, drafter, prompt, samplings[k])
+                drafter.watch(draft, prompt + solo[k], PATTERNS[k])
+                owner[uid], out[k] = k, []
+        if not len(spec):
+            # the rows of one verify accepted different lengths: every per-row rollback ran
+            assert sum(len(a) > 1 for a in accepted) >= 4 and max(max(a) for a in accepted) >= 3
+            return out
+        cycle_out = spec.speculate(width) if width > 1 else spec.cycle()
+        accepted.append({c.accepted for c in cycle_out})
+        for c in cycle_out:
+            k = owner[c.uid]
+            out[k] += c.tokens
+            if len(out[k]) >= REQUESTS[k][1]:
+                out[k] = out[k][: REQUESTS[k][1]]
+                spec.remove(c.uid)
+    raise AssertionError("the requests did not finish")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {f: tiny_target(f, scale=2.0) for f in ("llama", "qwen3", "qwen3_5", "gpt_oss")}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5"])
+def test_greedy_rows_equal_their_solo_text(models, family):
+    model = models[family]
+    assert speculation_refusal(model, _scripted(model)) is None
+    solo = [mlx_alone(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(REQUESTS)]
+    out = run(model, _scripted(model), [SamplingParams()] * len(REQUESTS), solo)
+    for k, (_, n, _) in enumerate(REQUESTS):
+        assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from mlx-lm's"
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_seeded_rows_equal_their_solo_text(models, family):
+    model = models[family]
+    samplings = [SAMPLED[k % len(SAMPLED)] for k in range(len(REQUESTS))]
+    samplings[3] = SamplingParams()  # a greedy row among sampled ones
+    solo = [ours_alone(model, _prompt(n_p, k), n + BLOCK, samplings[k]) for k, (n_p, n, _) in enumerate(REQUESTS)]
+    out = run(model, _scripted(model), samplings, solo)
+    for k, (_, n, _) in enumerate(REQUESTS):
+        assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from its solo text"
+
+
+def test_smollm2_rows_equal_their_solo_text(default_model):
+    """The real target, greedy and seeded rows in one batch."""
+    model, tokenizer = default_model
+    vocab = model.args.vocab_size
+    samplings = [SamplingParams(), SAMPLED[0], SamplingParams(), SAMPLED[1]]
+    prompts = [_prompt(length, k, vocab) for k, (length, *_) in enumerate(REQUESTS)]
+    solo = [
+        mlx_alone(model, p, n + BLOCK) if s.greedy else ours_alone(model, p, n + BLOCK, s)
+        for p, (_, n, _), s in zip(prompts, REQUESTS, samplings)
+    ]
+    out = run(model, _scripted(model, vocab), samplings, solo, vocab)
+    for k, (_, n, _) in enumerate(REQUESTS):
+        assert out[k] == solo[k][:n], f"SmolLM2 request {k}: batched text differs from its solo text"
+
+
+def test_sliding_window_targets_take_plain_steps(models):
+    """gpt-oss's windowed layers cannot give back one row's tokens: the batch says so, refuses
+    `speculate` and steps plainly in `cycle`, every text still its solo text."""
+    model = models["gpt_oss"]
+    drafter = _scripted(model)
+    assert "RotatingKVCache" in speculation_refusal(model, drafter)
+    spec = BatchSpeculator(model, drafter)
+    uids = [_join(spec, model, drafter, _prompt(n, k), SamplingParams())[0] for k, (n, *_) in enumerate(REQUESTS)]
+    with pytest.raises(ValueError, match="RotatingKVCache"):
+        spec.speculate(4)
+    out = {uid: [] for uid in uids}
+    for _ in range(10):
+        for c in spec.cycle():
+            out[c.uid] += c.tokens
+    for k, uid in enumerate(uids):
+        assert out[uid] == mlx_alone(model, _prompt(REQUESTS[k][0], k), 10)
+
+
+def test_a_row_without_context_and_a_handed_over_row(models):
+    """A row that joins without drafter context makes the batch step plainly until it
+    leaves; a row extracted with its context (`extract`, `context`) continues exactly in
+    another batch, speculating."""
+    model = models["qwen3"]
+    drafter = _scripted(model)
+    prompts = [_prompt(7, 1), _prompt(4, 2)]
+    solo = [mlx_alone(model, p, 30) for p in prompts]
+    spec = BatchSpeculator(model, drafter)
+    a, draft = _join(spec, model, drafter, prompts[0], SamplingParams())
+    drafter.watch(draft, prompts[0] + solo[0], PATTERNS[2])
+    cache = make_prompt_cache(model)
+    list(prefill(model, prompts[1][:-1], cache))
+    b = spec.add(cache, prompts[1][-1], SamplingParams())
+    assert "without drafter context" in spec.speculation_refusal()
+    got = {a: [], b: []}
+    for _ in range(4):
+        for c in spec.cycle():
+            got[c.uid] += c.tokens
+    spec.remove(b)
+    assert spec.speculation_refusal() is None and got[b] == solo[1][:4]
+    for c in spec.speculate(5) + spec.speculate(3):
+        got[a] += c.tokens
+    (cache, last), context = spec.extract(a), spec.context(a)
+    other = BatchSpeculator(model, drafter)
+    c = other.add(cache, last, SamplingParams(), draft=context)
+    for width in (6, 1, 4):
+        got[a] += (other.speculate(width) if width > 1 else other.cycle())[0].tokens
+    assert got[a] == solo[0][: len(got[a])] and c == 0
+    with pytest.raises(ValueError, match="draft holds"):
+        other.add(make_prompt_cache(model), 1, SamplingParams(), draft=context)
+
+
+def _records(rate: float, rows: int) -> list[Acceptance]:
+    """`rows` acceptance records that have seen drafts accepted at `rate` (per position)."""
+    records = []
+    for _ in range(rows):
+        record = Acceptance(8)
+        for cycle in range(40):
+            accepted = next((k for k in range(7) if ((cycle * 7 + k * 3) % 100) / 100 >= rate), 7)
+            record.learn(8, accepted)
+        records.append(record)
+    return records
+
+
+def test_width_chooser_on_fixed_tables():
+    chooser = BatchWidth((1, 4, 8))
+    assert chooser.relative(4, 8) == pytest.approx(2.46) and chooser.relative(6, 4) == pytest.approx(1.745)
+    assert chooser.relative(32, 8) == pytest.approx(3.82) and chooser.relative(1, 6) == pytest.approx(1.055)
+    # rows dear (16 rows) and drafts poor: plain steps; one cheap row with good drafts: the block
+    assert chooser.best(_records(0.2, 16)) == 1
+    assert chooser.best(_records(0.9, 1)) == 8
+    # on a table where rows cost nothing extra, even middling drafts are worth a block
+    flat = BatchWidth((1, 4, 8), {(b, w): 1.0 for b in (1, 16) for w in (4, 8)})
+    assert flat.best(_records(0.5, 16)) > 1
+    assert BatchWidth((1, 4), CPU_VERIFY_COST).best([]) == 1
+
+
+def test_width_chooser_learns_measured_costs_and_probes():
+    chooser = BatchWidth((1, 4, 8), explore=0.25)
+    good = _records(0.9, 4)
+    assert chooser.choose(good) == 8
+    for _ in range(10):  # a machine on which wide cycles turn out far dearer than the table says
+        chooser.update(4, 8, 10.0)
+        chooser.update(4, 4, 10.0)
+        chooser.update(4, 1, 1.0)
+    assert chooser.cost(4, 8) == pytest.approx(10.0) and chooser.cost(4, 1) == pytest.approx(1.0)
+    assert chooser.cost(8, 8) == pytest.approx(3.13)  # rows never measured: the table's units
+    picks = [chooser.choose(good) for _ in range(8)]
+    assert picks.count(1) == 6 and picks.count(4) == 2  # plain steps, probing every 4th cycle
+    with pytest.raises(ValueError, match="widths"):
+        BatchWidth((0, 4))
