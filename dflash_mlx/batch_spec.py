@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,6 +36,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from .acceptance import Acceptance
 from .batch import BatchDecoder, cache_length
 from .batch_width import BatchWidth
+from .context_cache import ContextCache
 from .drafter import Drafter
 from .pair import Pair
 from .rollback import Checkpoint
@@ -121,6 +122,9 @@ class BatchSpeculator(BatchDecoder):
         missing = [row.uid for row in self.rows if self.contexts[row.uid].draft is None]
         if missing:
             return f"rows {missing} joined without drafter context: the batch takes plain steps"
+        empty = [uid for uid, ctx in self.contexts.items() if not ctx.pending and not ctx.draft[0].offset]
+        if empty:
+            return f"rows {empty} have no context yet (a one-token prompt): the batch takes a plain step"
         return None
 
     def remove(self, uid: int) -> None:
@@ -187,7 +191,7 @@ class BatchSpeculator(BatchDecoder):
             raise ValueError(f"width must be an integer >= 2, got {width!r}")
         target = self.pair.target
         draws = [row.sampling.draws(row.position) for row in self.rows]  # block positions 1.. choose there
-        drafts = mx.stack([self._draft(row.uid, row.last, d, width) for row, d in zip(self.rows, draws)])  # (B, w-1)
+        drafts = self._drafts(draws, width)  # (B, w - 1)
         inputs = mx.concatenate([mx.array([[row.last] for row in self.rows]), drafts], axis=1)  # (B, w)
         checkpoint = Checkpoint(self.cache, target.replay)
         hidden, features = target.forward(inputs, self.cache, checkpoint=checkpoint)  # (B, w, ...)
@@ -207,10 +211,59 @@ class BatchSpeculator(BatchDecoder):
         mx.eval([c.state for c in self.cache], [lp for c in out for lp in c.logprobs or []])
         return out
 
-    def _draft(self, uid: int, last: int, draws: Draws, width: int) -> mx.array:
-        """Row `uid`'s first `width - 1` drafts (width - 1,) after `last`, from the drafter's
-        whole block (as the one-sequence loop's adaptive chains draft)."""
-        ctx, drafter = self.contexts[uid], self.pair.drafter
-        self._flush(ctx)
-        block = mx.array([[last] + [drafter.config.mask_token_id] * (max(width, drafter.config.block_size) - 1)])
-        return drafter.draft(block, ctx.draft, self.pair.target, draws)[: width - 1]
+    def _drafts(self, draws: list[Draws], width: int) -> mx.array:
+        """Every row's first `width - 1` drafts (B, width - 1) after its last token, from the
+        drafter's whole block (as the one-sequence loop's adaptive chains draft): in one
+        drafter forward where `rows_draft_together`, else one forward per row."""
+        drafter, target = self.pair.drafter, self.pair.target
+        contexts = []
+        for row in self.rows:
+            ctx = self.contexts[row.uid]
+            self._flush(ctx)
+            contexts.append(ctx.draft)
+        size = max(width, drafter.config.block_size)
+        blocks = mx.array([[row.last] + [drafter.config.mask_token_id] * (size - 1) for row in self.rows])  # (B, L)
+        if rows_draft_together(drafter, contexts):
+            logits = propose_rows(drafter, target, blocks, contexts)  # (B, L - 1, V)
+            return mx.stack([d.choose(logits[i, : width - 1]) for i, d in enumerate(draws)])
+        rows = [drafter.draft(blocks[i : i + 1], c, target, d) for i, (c, d) in enumerate(zip(contexts, draws))]
+        return mx.stack(rows)[:, : width - 1]
+
+
+def rows_draft_together(drafter: Drafter, contexts: Sequence[Sequence[ContextCache]]) -> bool:
+    """Whether `propose_rows` drafts for these rows' context caches: a DFlash v1 drafter
+    (its own class: subclasses may change the forward) of full-attention layers without a
+    causal mask, whose caches keep every context token."""
+    config = drafter.config
+    plain = type(drafter) is Drafter and not config.is_causal and set(config.layer_types) == {"full_attention"}
+    return plain and all(c[0].stored == c[0].offset > 0 for c in contexts)
+
+
+def propose_rows(
+    drafter: Drafter, target: Target, blocks: mx.array, contexts: Sequence[Sequence[ContextCache]]
+) -> mx.array:
+    """Draft logits (B, L - 1, V) for positions 1..L-1 of each row's block, blocks (B, L),
+    each over its own context cache, in one drafter forward: the rows' context K/V side by
+    side, left-padded to the longest and masked, each block at its row's own position.
+    Row i's logits are `Drafter.propose` of its block alone (up to float rounding)."""
+    rows, size = blocks.shape
+    lengths = [c[0].offset for c in contexts]
+    longest = max(lengths)
+    pads = mx.array([longest - n for n in lengths])
+    context_valid = mx.arange(longest)[None] >= pads[:, None]  # (B, longest)
+    mask = mx.concatenate([context_valid, mx.ones((rows, size), dtype=mx.bool_)], axis=1)[:, None, None]  # (B, 1, 1, S)
+    h = drafter.embed_blocks(blocks, target)  # (B, L, hidden)
+    offsets = mx.array(lengths)  # (B,): each block's first position
+    for j, layer in enumerate(drafter.layers):
+        keys, values = (
+            mx.concatenate(
+                [
+                    mx.pad(getattr(c[j], name), [(0, 0), (0, 0), (longest - n, 0), (0, 0)])
+                    for c, n in zip(contexts, lengths)
+                ]
+            )
+            for name in ("keys", "values")
+        )  # (B, kv_heads, longest, head_dim)
+        h = layer(h, (keys, values), offsets, mask)
+    h = drafter.norm(h)[:, 1:]  # (B, L - 1, hidden)
+    return drafter.head(h.reshape(rows * (size - 1), -1), target).reshape(rows, size - 1, -1)

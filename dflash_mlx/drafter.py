@@ -334,10 +334,14 @@ class Drafter(nn.Module):
     def hidden(self, block: mx.array, cache: Sequence[KVCache], target: "Target") -> mx.array:
         """Normed hidden states (B-1, hidden) of block positions 1..B-1 of `block` (1, B),
         fed the target's embedding of it (times the config's input_embedding_scale)."""
-        embeddings = target.embed(block)
-        if self.config.input_embedding_scale != 1.0:
-            embeddings = embeddings * self.config.input_embedding_scale
-        return self(embeddings, cache)[0, 1:]
+        return self(self.embed_blocks(block, target), cache)[0, 1:]
+
+    def embed_blocks(self, blocks: mx.array, target: "Target") -> mx.array:
+        """The drafter's input (N, B, hidden) for blocks (N, B): the target's embedding times
+        the config's input_embedding_scale."""
+        embeddings = target.embed(blocks)
+        scale = self.config.input_embedding_scale
+        return embeddings * scale if scale != 1.0 else embeddings
 
     def head(self, h: mx.array, target: "Target") -> mx.array:
         """Logits (n, vocab) of normed hidden states h (n, hidden), by the target's output layer.

@@ -25,6 +25,10 @@ seen only the accepted tokens. Per cache kind:
   for that), and the rollback slides the conv window and replays the recurrence alone
   (`Tape.rewind`, the `gated_delta_replay` kernel): no weight is read again.
 
+In a batch (`batch_spec.py`) every row verifies the same number of tokens and keeps its
+own prefix: `Checkpoint.rollback_rows` takes each row's rejected tail out of mlx-lm's batch
+caches (rolled into that row's left padding, or replayed per row for gated-delta states).
+
 After a draft tree's verify (`tree.py`) the KV caches hold root + every node in tree
 order; `keep_rows` gathers the accepted path's rows into place and sets the offset, so
 the cache is what it would be had it seen the committed tokens alone.

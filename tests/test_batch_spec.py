@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from dflash_mlx.acceptance import Acceptance
 from dflash_mlx.batch import prefill
-from dflash_mlx.batch_spec import BatchSpeculator, speculation_refusal
+from dflash_mlx.batch_spec import BatchSpeculator, propose_rows, rows_draft_together, speculation_refusal
 from dflash_mlx.batch_width import CPU_VERIFY_COST, BatchWidth
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import SamplingParams
@@ -35,7 +35,7 @@ from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
 BLOCK = 6
 
 #: (prompt length, max tokens, cycle it joins at)
-REQUESTS = [(5, 20, 0), (13, 9, 0), (2, 16, 2), (9, 12, 5)]
+REQUESTS = [(5, 20, 0), (13, 9, 0), (1, 16, 2), (9, 12, 5)]
 #: the widths of successive cycles (1: a plain batched step)
 WIDTHS = [4, 6, 1, 3, 6, 2, 1, 5, 6, 4]
 #: where each request's drafts are wrong: corrupt(cycle, k) for draft k of the block
@@ -110,7 +110,9 @@ def run(model, drafter, samplings, solo, vocab: int = VOCAB, swap=False) -> dict
             # the rows of one verify accepted different lengths: every per-row rollback ran
             assert sum(len(a) > 1 for a in accepted) >= 4 and max(max(a) for a in accepted) >= 3
             return out
-        cycle_out = spec.speculate(width) if width > 1 else spec.cycle()
+        # a one-token prompt has no drafter context yet: its first cycle is a plain step
+        speculates = width > 1 and spec.speculation_refusal() is None
+        cycle_out = spec.speculate(width) if speculates else spec.cycle()
         accepted.append({c.accepted for c in cycle_out})
         for c in cycle_out:
             k = owner[c.uid]
@@ -162,6 +164,30 @@ def test_smollm2_rows_equal_their_solo_text(default_model):
         assert out[k] == solo[k][:n], f"SmolLM2 request {k}: batched text differs from its solo text"
 
 
+def test_one_drafter_forward_drafts_for_every_row(models):
+    """A DFlash v1 drafter drafts every row's block in one forward (context caches side by
+    side, left-padded): each row's logits are its own forward's, and the batch stays exact."""
+    model = models["qwen3"]
+    mx.random.seed(5)
+    drafter = Drafter(tiny_drafter_config(make_target(model).num_layers, BLOCK, mask_token_id=VOCAB - 1))
+    spec = BatchSpeculator(model, drafter)
+    prompts = [_prompt(n, k) for k, (n, *_) in enumerate(REQUESTS)]
+    uids = [_join(spec, model, drafter, p, SamplingParams())[0] for p in prompts]
+    out = {uid: [] for uid in uids}
+    for width in WIDTHS:
+        for c in spec.speculate(width) if width > 1 and spec.speculation_refusal() is None else spec.cycle():
+            out[c.uid] += c.tokens
+    contexts = [spec.context(uid) for uid in uids]
+    assert rows_draft_together(drafter, contexts) and len({c[0].offset for c in contexts}) == len(uids)
+    blocks = mx.array([[spec.rows[i].last] + [VOCAB - 1] * (BLOCK - 1) for i in range(len(uids))])
+    together = propose_rows(drafter, spec.pair.target, blocks, contexts)
+    for i, context in enumerate(contexts):
+        alone = drafter.propose(blocks[i : i + 1], context, spec.pair.target)
+        assert mx.allclose(together[i], alone, atol=1e-4).item(), f"row {i}'s drafts differ from its own forward's"
+    for k, uid in enumerate(uids):
+        assert out[uid] == mlx_alone(model, prompts[k], len(out[uid]))
+
+
 def test_sliding_window_targets_take_plain_steps(models):
     """gpt-oss's windowed layers cannot give back one row's tokens: the batch says so, refuses
     `speculate` and steps plainly in `cycle`, every text still its solo text."""
@@ -205,9 +231,11 @@ def test_a_row_without_context_and_a_handed_over_row(models):
         got[a] += c.tokens
     (cache, last), context = spec.extract(a), spec.context(a)
     other = BatchSpeculator(model, drafter)
-    c = other.add(cache, last, SamplingParams(), draft=context)
+    c = other.add(cache, last, SamplingParams(), logprobs=True, draft=context)
     for width in (6, 1, 4):
-        got[a] += (other.speculate(width) if width > 1 else other.cycle())[0].tokens
+        (done,) = other.speculate(width) if width > 1 else other.cycle()
+        assert len(done.logprobs) == len(done.tokens) and done.logprobs[0].shape == (VOCAB,)
+        got[a] += done.tokens
     assert got[a] == solo[0][: len(got[a])] and c == 0
     with pytest.raises(ValueError, match="draft holds"):
         other.add(make_prompt_cache(model), 1, SamplingParams(), draft=context)
