@@ -9,12 +9,16 @@ holds) and their own acceptance record. A cycle is
   each row's drafter context (`target.Target.forward` runs mlx-lm's batch caches and their
   left-padding masks as it runs a single sequence's);
 * or a block of `width` (`speculate`): every row drafts `width - 1` tokens after its last
-  (one drafter forward per row: each row's context cache has its own length), the target
-  verifies the (B, width) tokens in one forward, and each row accepts by the one-sequence
-  loop's rule (`sampling.accept` on its own position-keyed draws), so each row's text is
-  its solo text whatever it shares the batch with and whatever was drafted. Every row's
-  rejected tail leaves the target caches at once (`rollback.Checkpoint.rollback_rows`:
-  rolled into the row's left padding, or replayed for gated-delta states).
+  (one drafter forward for all rows, their context caches side by side, left-padded and
+  masked: `propose_rows`; one forward per row where the drafter's forward is another's,
+  such as DFlash2's, or a context window dropped tokens), the target verifies the
+  (B, width) tokens in one forward, and each row accepts by the one-sequence loop's rule
+  (`sampling.accept` on its own position-keyed draws), so each row's text is its solo
+  text whatever it shares the batch with and whatever was drafted. Every row's rejected
+  tail leaves the target caches at once (`rollback.Checkpoint.rollback_rows`: rolled into
+  the row's left padding, a copy of every layer's keys and values whenever the rows reject
+  different numbers of tokens, which `benchmarks/concurrency/rollback_cost.py` weighs
+  against leaving masked holes; or replayed for gated-delta states).
 `cycle` picks the width for the batch as it is (`batch_width.BatchWidth`) and teaches it
 the cycle's measured time.
 
