@@ -3,8 +3,8 @@
 After one verify of W tokens per row, each row keeps its own prefix, so its rejected
 tokens must leave the shared slot axis of mlx-lm's `BatchKVCache`:
 (a) roll them into the row's left padding (what `rollback.Checkpoint.rollback_rows` does,
-    mlx-lm's `prepare(right_padding=...)` / `finalize()`): one copy of every layer's keys
-    and values per cycle that rows reject differently;
+    by slices; mlx-lm's `prepare(right_padding=...)` / `finalize()` gather, timed beside):
+    one copy of every layer's keys and values per cycle that rows reject differently;
 (b) leave them where they are as masked holes (each row's RoPE position kept apart from its
     slot): no copy, but every later forward attends over the holes too. Timed as the extra
     attention of one verify over the slots the holes add, R per cycle, summed over 64
@@ -57,7 +57,20 @@ def batch_caches(context: int) -> list[BatchKVCache]:
     return caches
 
 
-def roll_seconds(context: int) -> float:
+def mlx_lm_rollback(caches: list[BatchKVCache], drops: list[int]) -> None:
+    """(a) as mlx-lm's own batch caches would: trim the fewest, roll the rest by a gather."""
+    for c in caches:
+        c.trim(min(drops))
+        c.prepare(right_padding=[d - min(drops) for d in drops])
+        c.finalize()
+
+
+def ours(caches: list[BatchKVCache], drops: list[int]) -> None:
+    """(a) as `BatchSpeculator` does."""
+    Checkpoint(caches, None).rollback_rows(drops)
+
+
+def roll_seconds(context: int, rollback=ours) -> float:
     """(a): one verify's rollback, every layer (the verify's own write not timed)."""
     caches = batch_caches(context)
     new = [mx.random.normal((ROWS, KV_HEADS, WIDTH, DIM)) for _ in range(2)]
@@ -68,7 +81,7 @@ def roll_seconds(context: int) -> float:
             c.update_and_fetch(*new)
         mx.eval([c.state for c in caches])
         tic = time.perf_counter()
-        Checkpoint(caches, None).rollback_rows(DROPS)
+        rollback(caches, DROPS)
         mx.eval([c.state for c in caches])
         run.seconds = time.perf_counter() - tic
         for c in caches:  # the same cache length for every repeat
@@ -107,14 +120,17 @@ def holes_seconds(context: int) -> float:
 def main() -> None:
     print(f"B = {ROWS} rows, SmolLM2-135M attention shapes (float32), verify of {WIDTH}, rows rejecting {DROPS}")
     print(f"(a) roll into left padding: a copy per cycle; (b) masked holes: {HOLES} more slots per cycle")
-    print(f"| context | (a) per cycle (ms) | (a) {CYCLES} cycles (ms) | (b) {CYCLES} cycles (ms) | (b) / (a) |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| context | (a) per cycle (ms) | (a) mlx-lm's gather (ms) | (a) {CYCLES} cycles (ms) "
+        f"| (b) {CYCLES} cycles (ms) | (b) / (a) |"
+    )
+    print("|---|---|---|---|---|---|")
     for context in CONTEXTS:
-        roll = roll_seconds(context)
+        roll, gather = roll_seconds(context), roll_seconds(context, mlx_lm_rollback)
         holes = holes_seconds(context)
         print(
-            f"| {context} | {1e3 * roll:.2f} | {1e3 * CYCLES * roll:.1f} | {1e3 * holes:.1f} | "
-            f"{holes / (CYCLES * roll):.2f}x |"
+            f"| {context} | {1e3 * roll:.2f} | {1e3 * gather:.2f} | {1e3 * CYCLES * roll:.1f} | "
+            f"{1e3 * holes:.1f} | {holes / (CYCLES * roll):.2f}x |"
         )
 
 
