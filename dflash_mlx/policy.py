@@ -19,13 +19,14 @@ maximises expected committed tokens per second:
   mid-answer is noticed within a few probes of the next one. Probes that find no draft
   accepted at all, one after another, shrink that budget (`probe_budget`): a drafter that
   has shown nothing in more than `MISSES_FREE` probes in a row is probed ever more rarely,
-  down to a tenth of `explore`, and one accepted draft restores it. A new generation probes at
-  its first cycle unless the drafter is such a one, then keeps the backed-off schedule: a
-  drafter that does not pay costs at most one probe per answer, not a schedule started over. Probes look up; looking down, while
-  the chosen chain is expected to commit less than 1 + `RECHECK_MARGIN` tokens, a plain
-  step is measured again as often as costs at most `explore` of the tokens (a plain step
-  whose slow samples, such as ones taken while the machine warmed up, made drafts that
-  hardly pay look worth it would otherwise never be measured again).
+  down to a tenth of `explore`, and one accepted draft restores it. A new generation
+  probes at its first cycle unless the drafter is such a one, then keeps the backed-off
+  schedule: a drafter that does not pay costs at most one probe per answer, not a
+  schedule started over. Probes look up; looking down, while the chosen chain is
+  expected to commit less than 1 + `RECHECK_MARGIN` tokens, a plain step is measured again
+  as often as costs at most `explore` of the tokens (a plain step whose slow samples, such
+  as ones taken while the machine warmed up, made drafts that hardly pay look worth it
+  would otherwise never be measured again).
 
 Draft trees widen the choice (`tree_policy.TreePolicy`); `plan.Plan` turns a policy's
 choice (or a fixed width) into each cycle's width.
