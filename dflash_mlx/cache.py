@@ -117,6 +117,19 @@ class PromptCache:
             self.drafter.append_context(mx.concatenate(self.pending, axis=1), self.draft)
             self.pending = []
 
+    def context_copy(self) -> Optional[list]:
+        """A copy of the drafter's context cache, pending features flushed in (None without a
+        drafter): what a batch row takes over while this cache stays as it is. Shallow: a
+        context cache replaces its arrays on update, never writes into them."""
+        self.flush()
+        return None if self.draft is None else [copy.copy(c) for c in self.draft]
+
+    def take_over(self, target: list, draft: Optional[list], tokens: Sequence[int]) -> None:
+        """Hold `target` and `draft` (a target cache and the drafter's context cache that
+        decoded on elsewhere, e.g. a batch row's), which hold `tokens`. The snapshots stay:
+        they are of a prefix of `tokens`."""
+        self.target, self.draft, self.pending, self.tokens = target, draft, [], list(tokens)
+
     def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
         """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
         token to prefill) and return its length. A target cache that cannot forget

@@ -77,8 +77,9 @@ class Metrics:
     committed: int = 0
     last_tokens_per_second: float = 0.0
     queue_seconds: float = 0.0  # requests' time in the queue, summed
-    batch_steps: int = 0  # batched target steps (continuous batching), and their rows
+    batch_steps: int = 0  # batched cycles (continuous batching): one target forward each, and their rows
     batch_rows: int = 0
+    batch_drafted: int = 0  # those that verified a drafted block per row
     occupancy: int = 0  # rows in the last batched step
     prefilled: int = 0  # prompt tokens run through the target (not read from a cache)
     caught_up: int = 0  # tokens decoded in a batch, run through the target again for the drafter
@@ -98,9 +99,11 @@ class Metrics:
             self.cycles += len(done.stats.accepted_lengths)
             self.committed += done.stats.committed
 
-    def stepped(self, rows: int) -> None:
-        """Add a batched step of `rows` rows."""
+    def stepped(self, rows: int, width: int) -> None:
+        """Add a batched cycle of `rows` rows that verified `width` tokens per row (1: a
+        plain step)."""
         self.batch_steps += 1
+        self.batch_drafted += width > 1
         self.batch_rows += rows
         self.occupancy = rows
 

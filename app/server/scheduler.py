@@ -50,7 +50,9 @@ from app.model_thread import describe_error
 from app.server import MAX_BATCH
 from app.server.jobs import Delta, Done, Job, stop_hit, token_logprob
 from dflash_mlx import DecodeOptions, GenerationStats
-from dflash_mlx.batch import PREFILL_CHUNK, BatchDecoder, refusal
+from dflash_mlx.batch import PREFILL_CHUNK, cache_length, refusal
+from dflash_mlx.batch_spec import BatchSpeculator
+from dflash_mlx.batch_width import BatchWidth
 from dflash_mlx.text import TokenText
 
 __all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "policy"]
@@ -92,7 +94,7 @@ class Running:
     reason: Optional[str] = None  # its finish reason, once it ended
     cache: Any = None  # its sequence (`dflash_mlx.make_prompt_cache`) from the worker's pool
     # every cycle it ran: speculative ones, and each batched step as a cycle of one token
-    stats: GenerationStats = field(default_factory=lambda: GenerationStats(block_size=1))
+    stats: GenerationStats = field(default_factory=GenerationStats)
     cached: int = 0  # prompt tokens read from a pooled cache
     prompt_seconds: float = 0.0
     first: float = 0.0  # when its first token came
@@ -131,6 +133,25 @@ class Running:
         return Done(reason, stop, n, len(req.prompt), cached, self.stats, tps, prompt_tps, self.queue_seconds)
 
 
+class Widths(BatchWidth):
+    """The batch's width chooser (`BatchWidth`), kept by the scheduler so that the (rows,
+    width) costs it measured carry from one batch to the next; it remembers the width of
+    the cycle it last timed (its rows' stats count that cycle at that width)."""
+
+    width = 1
+
+    def update(self, rows: int, width: int, seconds: float) -> None:
+        """Record a finished cycle (see `BatchWidth.update`), and its width."""
+        super().update(rows, width, seconds)
+        self.width = width
+
+    @classmethod
+    def up_to(cls, limit: int) -> "Widths":
+        """Plain steps, and drafted blocks of 4 and of `limit` tokens (at most `limit`: the
+        server's block size, or its drafter's)."""
+        return cls(sorted({1, min(4, limit), limit}))
+
+
 class _Joining(NamedTuple):
     """A request on its way into the batch: its prefill's chunks, and how many tokens its
     cache holds once they are in."""
@@ -150,6 +171,7 @@ class Scheduler:
         self.jobs: list[Job] = []  # requests started and not ended (any thread may read it)
         self.stopping = False  # the inbox said stop while a batch ran
         self.resumed = 0  # rows that went back to speculative decoding
+        self.widths = Widths.up_to(worker.options.block_limit(worker.draft))
 
     def serve(self, job: Job) -> None:
         """Run `job`, and every request that joins it, to their ends."""
@@ -171,7 +193,8 @@ class Scheduler:
         req, queued = job.request, time.perf_counter() - job.queued_at
         self.jobs.append(job)
         stream = TokenText(self.worker.tokenizer, req.stop, req.max_tokens)
-        return Running(job, self.worker.request_options(req), stream, queued)
+        stats = GenerationStats(block_size=self.widths.widths[-1])
+        return Running(job, self.worker.request_options(req), stream, queued, stats=stats)
 
     def _finish(self, run: Running) -> None:
         done = run.done(self.worker.tokenizer)
@@ -236,7 +259,7 @@ class Scheduler:
     def _batch(self, first: Running) -> Optional[Running]:
         """Decode `first` and whoever comes as rows of one batch, until none is left (None)
         or one is left alone with `RESUME` tokens to go (that one, to decode alone)."""
-        decoder, rows = BatchDecoder(self.worker.model), {}
+        decoder, rows = BatchSpeculator(self.worker.model, self.worker.draft, self.widths), {}
         joining = [self._joining(first)]
         while True:
             self._admit(joining, len(rows))
@@ -250,6 +273,7 @@ class Scheduler:
             if len(rows) == 1 and not joining and not self._waiting():
                 ((uid, run),) = rows.items()
                 if run.left >= RESUME:
+                    self._leave(decoder, uid, run)
                     decoder.remove(uid)
                     self.resumed += 1
                     return run
@@ -289,7 +313,7 @@ class Scheduler:
                 return
             joining.append(self._joining(self._start(job)))
 
-    def _prefill_chunk(self, decoder: BatchDecoder, rows: dict, joining: list) -> None:
+    def _prefill_chunk(self, decoder: BatchSpeculator, rows: dict, joining: list) -> None:
         """One prefill chunk of the first joining request; it joins the batch after its last."""
         entry, tic = joining[0], time.perf_counter()
         held = next(entry.chunks, entry.total)
@@ -300,9 +324,11 @@ class Scheduler:
         joining.pop(0)
         req = run.job.request
         last, sampling = (req.prompt + run.tokens)[-1], run.options.sampling()
-        rows[decoder.add(run.cache.cache.target, last, sampling, logprobs=req.logprobs is not None)] = run
+        cache = run.cache.cache  # holds every token before `last`, in the target and the drafter's context
+        draft = cache.context_copy()
+        rows[decoder.add(cache.target, last, sampling, req.logprobs is not None, draft)] = run
 
-    def _drop_cancelled(self, decoder: BatchDecoder, rows: dict, joining: list) -> None:
+    def _drop_cancelled(self, decoder: BatchSpeculator, rows: dict, joining: list) -> None:
         for uid, run in list(rows.items()):
             if run.job.cancelled.is_set():
                 decoder.remove(uid)
@@ -312,14 +338,30 @@ class Scheduler:
             joining.remove(entry)
             self._finish(entry.run)
 
-    def _step(self, decoder: BatchDecoder, rows: dict) -> None:
-        """One batch step: every row's next token; rows that end leave."""
-        drawn = decoder.step()
-        self.worker.metrics.stepped(len(drawn))
-        for uid, token, logprobs in drawn:
+    def _leave(self, decoder: BatchSpeculator, uid: int, run: Running) -> None:
+        """Before row `uid` leaves to decode alone: its pooled cache takes over the row's
+        caches where its drafter context holds every token the row fed (the batch
+        speculated, or there is no drafter), so that nothing runs again; else (sliding
+        windows: plain steps capture no features) it stays as it joined, and the loop runs
+        the target again over the tokens the row decoded in the batch."""
+        target, _ = decoder.extract(uid)
+        draft = decoder.context(uid)
+        if draft is None or draft[0].offset == cache_length(target):
+            run.cache.cache.take_over(target, draft, (run.job.request.prompt + run.tokens)[:-1])
+
+    def _step(self, decoder: BatchSpeculator, rows: dict) -> None:
+        """One batch cycle: every row's next tokens (1 .. the cycle's width), each taken as
+        it would be alone, the row ending at its stop or its `max_tokens` (its later tokens
+        are dropped); rows that end leave."""
+        committed = decoder.cycle()
+        width = self.widths.width
+        self.worker.metrics.stepped(len(committed), width)
+        for uid, tokens, accepted, logprobs in committed:
             run = rows[uid]
-            run.stats.record(1, 0)
-            if run.accept(self.worker.tokenizer, token, logprobs):
-                decoder.remove(uid)
-                del rows[uid]
-                self._finish(run)
+            run.stats.record(width, accepted)
+            for token, lps in zip(tokens, logprobs or [None] * len(tokens)):
+                if run.accept(self.worker.tokenizer, token, lps):
+                    decoder.remove(uid)
+                    del rows[uid]
+                    self._finish(run)
+                    break
