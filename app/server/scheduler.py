@@ -226,20 +226,28 @@ class Scheduler:
                 closed[0] = not r.from_draft  # a cycle's last token is the target's own
                 run.accept(w.tokenizer, r.token, r.logprobs)
 
-        last = self._decode(run, fed, run.left, response, stops, w.prefill_progress())
+        last = self._decode(run, fed, run.left, response, stops, w.prefill_progress(), drawn=not fresh)
         if last is not None:
             run.stats.absorb(last.stats)
 
     def _decode(
-        self, run: Running, fed: list[int], max_tokens: int, on_response: Any, stops: Any, progress: Any = None
+        self,
+        run: Running,
+        fed: list[int],
+        max_tokens: int,
+        on_response: Any,
+        stops: Any,
+        progress: Any = None,
+        drawn: bool = False,
     ) -> Any:
         """The speculative loop on `run`'s cache over `fed` (its prompt and answer so far);
-        the prefill it starts with is counted in the metrics. Its last response, if any."""
+        the prefill it starts with is counted in the metrics (`drawn`: `fed` ends with a
+        token drawn and never fed yet, which is not run again). Its last response, if any."""
         w, first = self.worker, [True]
 
         def response(r: Any) -> None:
             if first[0]:
-                w.metrics.fed(len(fed) - r.stats.prompt_cached, again=bool(run.tokens))
+                w.metrics.fed(len(fed) - r.stats.prompt_cached - drawn, again=bool(run.tokens))
                 first[0] = False
             on_response(r)
 
@@ -357,11 +365,13 @@ class Scheduler:
         width = self.widths.width
         self.worker.metrics.stepped(len(committed), width)
         for uid, tokens, accepted, logprobs in committed:
-            run = rows[uid]
-            run.stats.record(width, accepted)
+            run, taken = rows[uid], 0
             for token, lps in zip(tokens, logprobs or [None] * len(tokens)):
+                taken += 1
                 if run.accept(self.worker.tokenizer, token, lps):
-                    decoder.remove(uid)
-                    del rows[uid]
-                    self._finish(run)
                     break
+            run.stats.record(width, min(accepted, taken - 1))  # the accepted drafts it took
+            if run.reason is not None:
+                decoder.remove(uid)
+                del rows[uid]
+                self._finish(run)
