@@ -21,7 +21,8 @@ from test_batch import _prompt, mlx_alone, ours_alone
 from tiny_targets import tiny_drafter_config, tiny_target
 
 from dflash_mlx import make_prompt_cache
-from dflash_mlx.batch import BatchDecoder, prefill
+from dflash_mlx.batch import BatchDecoder, cache_length, prefill
+from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.speculative import generate_step
@@ -62,6 +63,42 @@ def test_a_speculative_cache_joins_the_batch_and_comes_back_exactly(family, samp
     row = decoder.add(sequence.cache.target, fed[-1], sampling)
     for _ in range(8):
         tokens += [d.token for d in decoder.step() if d.uid == row]
+    tokens += alone(model, drafter, sequence, prompt + tokens, n - len(tokens), sampling)
+
+    solo = mlx_alone(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
+    assert tokens[:n] == solo
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5", "gpt_oss"])
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_speculating_row_goes_back_alone_from_the_batchs_caches(family, sampling):
+    model = tiny_target(family, scale=2.0)
+    mx.random.seed(1)
+    drafter = Drafter(tiny_drafter_config(len(model.layers), 4))
+    prompt, n = _prompt(40, 1), 40
+    sequence = make_prompt_cache(model, drafter)
+    tokens = alone(model, drafter, sequence, prompt, 5, sampling)
+    fed = prompt + tokens
+    assert sequence.cache.reuse(fed, with_drafter=True) == len(fed) - 1
+    joined = sequence.cache.context_copy()[0].offset
+
+    batch, other = BatchSpeculator(model, drafter), make_prompt_cache(model, drafter)
+    list(prefill(model, _prompt(9, 2)[:-1], other.cache.target, draft=(drafter, other.cache.draft)))
+    batch.add(other.cache.target, _prompt(9, 2)[-1], GREEDY, draft=other.cache.draft)
+    row = batch.add(sequence.cache.target, fed[-1], sampling, draft=sequence.cache.context_copy())
+    speculates = batch.speculation_refusal() is None
+    assert speculates == (family != "gpt_oss")
+    for width in (4, 1, 3, 4):
+        done = batch.speculate(width) if speculates and width > 1 else batch.cycle()
+        tokens += next(c.tokens for c in done if c.uid == row)
+    assert sequence.cache.draft[0].offset == joined == cache_length(sequence.cache.target)  # left as it joined
+    (target, last), draft = batch.extract(row), batch.context(row)
+    assert last == tokens[-1] and cache_length(target) == len(prompt + tokens) - 1
+    if speculates:
+        assert draft[0].offset == cache_length(target)
+        sequence.cache.take_over(target, draft, (prompt + tokens)[:-1])
+        assert sequence.cache.reuse(prompt + tokens, with_drafter=True) == len(prompt + tokens) - 1  # nothing again
+    batch.remove(row)
     tokens += alone(model, drafter, sequence, prompt + tokens, n - len(tokens), sampling)
 
     solo = mlx_alone(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
