@@ -50,7 +50,7 @@ class Done:
 
     def summary(self) -> str:
         """The server log's line for this request: tokens, speed, tau (over its cycles; a
-        batched step is a cycle of one token), time in the queue."""
+        batch cycle counts at its width), time in the queue."""
         tau = (
             f", tau {self.stats.mean_acceptance:.2f}" if self.stats is not None and self.stats.accepted_lengths else ""
         )
@@ -80,7 +80,7 @@ class Metrics:
     batch_steps: int = 0  # batched cycles (continuous batching): one target forward each, and their rows
     batch_rows: int = 0
     batch_drafted: int = 0  # those that verified a drafted block per row
-    occupancy: int = 0  # rows in the last batched step
+    occupancy: int = 0  # rows in the last batch cycle
     prefilled: int = 0  # prompt tokens run through the target (not read from a cache)
     caught_up: int = 0  # tokens decoded in a batch, run through the target again for the drafter
 

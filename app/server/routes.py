@@ -289,7 +289,7 @@ def metrics_text(worker: Worker) -> str:
         ("queue_waiting", "gauge", "requests waiting for the worker, in arrival order", worker.waiting),
         ("queue_running", "gauge", "requests decoding now", worker.active),
         ("queue_seconds_total", "counter", "seconds requests waited before they started", round(m.queue_seconds, 6)),
-        ("batch_occupancy", "gauge", "rows of the last batched step (continuous batching)", m.occupancy),
+        ("batch_occupancy", "gauge", "rows of the last batch cycle (continuous batching)", m.occupancy),
         ("batch_steps_total", "counter", "batched cycles (one target forward each)", m.batch_steps),
         ("batch_drafted_cycles_total", "counter", "batched cycles that verified a drafted block", m.batch_drafted),
         ("batch_rows_total", "counter", "rows of those steps, summed (over steps: the mean occupancy)", m.batch_rows),
@@ -301,7 +301,7 @@ def metrics_text(worker: Worker) -> str:
         ("completion_tokens_total", "counter", "tokens generated", m.completion_tokens),
         ("generation_seconds_total", "counter", "seconds spent generating them", round(m.generation_seconds, 6)),
         ("tokens_per_second", "gauge", "generation speed of the last finished request", m.last_tokens_per_second),
-        ("cycles_total", "counter", "draft/verify cycles (a batched step: one of one token)", m.cycles),
+        ("cycles_total", "counter", "draft/verify cycles, alone and batched", m.cycles),
         ("tau", "gauge", "mean tokens committed per cycle, all requests", round(m.tau, 4)),
     ]
     lines = []

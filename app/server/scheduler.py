@@ -1,36 +1,46 @@
-"""Continuous batching on the server's worker thread: concurrent requests share target steps.
+"""Continuous batching on the server's worker thread: concurrent requests share target forwards.
 
 Everything runs on the worker's one thread (`worker.Worker`, which owns the model, the
 drafter, the prompt-cache pool and the inbox); the scheduler decides what that thread
 does next. A request alone decodes speculatively with the drafter, as before. When
 another arrives, the running one stops at the end of its cycle and both go on as rows of
-one `dflash_mlx.batch.BatchDecoder` (plain one-token steps of the target, every row with
-its own sampling); newcomers join while there is room (`max_batch` rows, the rest wait
-in order), their prompts prefilled one chunk between two batch steps so that a long
-prompt does not stall the others. A row leaves at its end (EOS, a stop string,
-`max_tokens`) or when its client goes away. A row left alone with `RESUME` tokens or more
-to go returns to speculative decoding.
+one `dflash_mlx.batch_spec.BatchSpeculator`, every row with its own sampling; newcomers
+join while there is room (`max_batch` rows, the rest wait in order), their prompts
+prefilled one chunk between two batch cycles so that a long prompt does not stall the
+others. The rows speculate: each cycle is a plain batched step or a drafted block per
+row verified in one target forward, its width (`Widths`: 1, 4 or the block size) chosen
+from the rows' acceptance and the (rows, width) cost table, then the costs measured,
+which the scheduler keeps from one batch to the next. Sliding-window families and a
+server without a drafter take plain batched steps (`batch_spec.speculation_refusal`).
+A cycle commits 1 .. width tokens per row, taken one by one as alone: a row leaves at
+its end (EOS, a stop string, `max_tokens`, even inside a block: the block's later
+tokens are dropped) or when its client goes away. A row left alone with `RESUME` tokens
+or more to go returns to decoding alone.
 
 Each request has its own prompt cache (`Running.cache`, a sequence from the worker's
 pool, so that hot prefixes and the next turn of a conversation are reused whether it
 decodes alone or batched). It joins the batch from that cache, which then holds every
-token of its prompt and of its answer so far but the last (fed by its first step): a
-request that was decoding alone stops at the end of a cycle and joins with what its
-cache holds, nothing prefilled again (but on a hybrid target after a plain step, which
-fed the last token already: a recurrent state cannot drop it, so the cache goes back to
-its snapshot at the end of its last prefill and prefills the tokens since); a newcomer's
-prompt is prefilled into its cache, the drafter's context with it. `BatchDecoder.add`
-copies the cache, so the pooled one stays as the request joined. A row that goes back to
-decoding alone continues that pooled cache: the target runs again over the tokens the
-row decoded in the batch (the batch steps capture no features, and the drafter needs
-them as context), nothing else.
+token of its prompt and of its answer so far but the last (fed by its first step), in
+the target and in the drafter's context: a request that was decoding alone stops at the
+end of a cycle and joins with what its cache holds, nothing prefilled again (but on a
+hybrid target after a plain step, which fed the last token already: a recurrent state
+cannot drop it, so the cache goes back to its snapshot at the end of its last prefill
+and prefills the tokens since); a newcomer's prompt is prefilled into its cache through
+the loop, the drafter's context with it. The batch copies the target cache and takes a
+copy of the drafter's context (`PromptCache.context_copy`), so the pooled cache stays as
+the request joined. A row that goes back to decoding alone continues from the row's own
+caches (`extract`, `context`, `PromptCache.take_over`): nothing runs again. Where the
+batch kept no features for the row (plain steps of a sliding-window family) it
+continues its pooled cache instead, the target running again over the tokens the row
+decoded in the batch, for the drafter's context.
 
 Hand-overs are exact: a row's token at position t is drawn from the key (seed, t) alone,
 in the batch as in the speculative loop, so a request that moves continues with the
 very tokens it would have drawn alone. Each request keeps its own `TokenText` (its
 detokenizer and stop strings), fed its tokens whichever decoding drew them, so its text,
 stop and finish reason never depend on who shared the batch. Its `stats` count every
-cycle: its speculative ones, and each batched step as a cycle of one token.
+cycle: its speculative ones alone, and each batch cycle at its width with the drafts
+the row accepted and took.
 
 `policy` says when requests are served one at a time instead (today's path in
 `worker`): `--max-batch 1`, under `mlx.launch`, a quantized KV cache, a target family
@@ -55,7 +65,7 @@ from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.batch_width import BatchWidth
 from dflash_mlx.text import TokenText
 
-__all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "policy"]
+__all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "Widths", "policy"]
 
 SOLO = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
 #: Tokens a lone row must still have to go back to speculative decoding (fewer: not worth a prefill).
@@ -93,7 +103,7 @@ class Running:
     sent: list[str] = field(default_factory=list)
     reason: Optional[str] = None  # its finish reason, once it ended
     cache: Any = None  # its sequence (`dflash_mlx.make_prompt_cache`) from the worker's pool
-    # every cycle it ran: speculative ones, and each batched step as a cycle of one token
+    # every cycle it ran: speculative ones alone, and each batch cycle at its width
     stats: GenerationStats = field(default_factory=GenerationStats)
     cached: int = 0  # prompt tokens read from a pooled cache
     prompt_seconds: float = 0.0
@@ -275,7 +285,7 @@ class Scheduler:
                 self._prefill_chunk(decoder, rows, joining)
             self._drop_cancelled(decoder, rows, joining)
             if rows:
-                self._step(decoder, rows)
+                self._cycle(decoder, rows)
             if not rows and not joining:
                 return None
             if len(rows) == 1 and not joining and not self._waiting():
@@ -357,7 +367,7 @@ class Scheduler:
         if draft is None or draft[0].offset == cache_length(target):
             run.cache.cache.take_over(target, draft, (run.job.request.prompt + run.tokens)[:-1])
 
-    def _step(self, decoder: BatchSpeculator, rows: dict) -> None:
+    def _cycle(self, decoder: BatchSpeculator, rows: dict) -> None:
         """One batch cycle: every row's next tokens (1 .. the cycle's width), each taken as
         it would be alone, the row ending at its stop or its `max_tokens` (its later tokens
         are dropped); rows that end leave."""
