@@ -101,6 +101,7 @@ class BatchSpeculator(BatchDecoder):
         block = drafter.config.block_size if drafter is not None else 1
         self.chooser = chooser if chooser is not None else BatchWidth(sorted({1, min(4, block), block}))
         self.contexts: dict[int, _Context] = {}
+        self.width = 1  # of the last cycle
 
     def add(
         self,
@@ -109,14 +110,18 @@ class BatchSpeculator(BatchDecoder):
         sampling: SamplingParams,
         logprobs: bool = False,
         draft: Optional[list[Any]] = None,
+        record: Optional[Acceptance] = None,
     ) -> int:
         """A sequence joins (see `BatchDecoder.add`) with `draft`, its drafter context cache
         holding the features of every token before `last` (taken over, not copied; None:
-        the batch takes plain steps while the row is in). Returns the row's id."""
+        the batch takes plain steps while the row is in), and `record`, what it learned of
+        the drafter so far (shared, not copied; default: a fresh one). Returns the row's id."""
         if draft is not None and draft[0].offset != cache_length(cache):
             raise ValueError(f"draft holds {draft[0].offset} tokens, cache {cache_length(cache)}: they must agree")
+        if record is not None and record.size != self.pair.block:
+            raise ValueError(f"record covers a block of {record.size}, the drafter's is {self.pair.block}")
         uid = super().add(cache, last, sampling, logprobs)
-        self.contexts[uid] = _Context(draft, Acceptance(self.pair.block))
+        self.contexts[uid] = _Context(draft, record if record is not None else Acceptance(self.pair.block))
         return uid
 
     def speculation_refusal(self) -> Optional[str]:
@@ -169,7 +174,8 @@ class BatchSpeculator(BatchDecoder):
 
     def cycle(self) -> list[Committed]:
         """One cycle of the width `chooser` picks for the batch as it is (a plain step when
-        the batch cannot speculate); the chooser learns its measured seconds."""
+        the batch cannot speculate; `width` says which it was); the chooser learns its
+        measured seconds."""
         if not self.rows:
             raise ValueError("the batch is empty: add a sequence first")
         rows = len(self.rows)
@@ -180,6 +186,7 @@ class BatchSpeculator(BatchDecoder):
         else:
             out = self.speculate(width)
         self.chooser.update(rows, width, time.perf_counter() - tic)
+        self.width = width
         return out
 
     def speculate(self, width: int) -> list[Committed]:

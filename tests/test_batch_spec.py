@@ -230,15 +230,18 @@ def test_a_row_without_context_and_a_handed_over_row(models):
     for c in spec.speculate(5) + spec.speculate(3):
         got[a] += c.tokens
     (cache, last), context = spec.extract(a), spec.context(a)
-    other = BatchSpeculator(model, drafter)
-    c = other.add(cache, last, SamplingParams(), logprobs=True, draft=context)
+    other, record = BatchSpeculator(model, drafter), Acceptance(BLOCK)  # what the row learned before
+    c = other.add(cache, last, SamplingParams(), logprobs=True, draft=context, record=record)
     for width in (6, 1, 4):
         (done,) = other.speculate(width) if width > 1 else other.cycle()
         assert len(done.logprobs) == len(done.tokens) and done.logprobs[0].shape == (VOCAB,)
         got[a] += done.tokens
     assert got[a] == solo[0][: len(got[a])] and c == 0
+    assert other.records() == [record] and record.trials[1] > 0  # the row's own record learns on
     with pytest.raises(ValueError, match="draft holds"):
         other.add(make_prompt_cache(model), 1, SamplingParams(), draft=context)
+    with pytest.raises(ValueError, match="record covers a block of 3"):
+        other.add(*spec.extract(a), SamplingParams(), record=Acceptance(3))
 
 
 def _records(rate: float, rows: int) -> list[Acceptance]:

@@ -8,7 +8,7 @@ one `dflash_mlx.batch_spec.BatchSpeculator`, every row with its own sampling; ne
 join while there is room (`max_batch` rows, the rest wait in order), their prompts
 prefilled one chunk between two batch cycles so that a long prompt does not stall the
 others. The rows speculate: each cycle is a plain batched step or a drafted block per
-row verified in one target forward, its width (`Widths`: 1, 4 or the block size) chosen
+row verified in one target forward, its width (`widths_up_to`: 1, 4 or the block size) chosen
 from the rows' acceptance and the (rows, width) cost table, then the costs measured,
 which the scheduler keeps from one batch to the next. Sliding-window families and a
 server without a drafter take plain batched steps (`batch_spec.speculation_refusal`).
@@ -65,7 +65,7 @@ from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.batch_width import BatchWidth
 from dflash_mlx.text import TokenText
 
-__all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "Widths", "policy"]
+__all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "policy", "widths_up_to"]
 
 SOLO = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
 #: Tokens a lone row must still have to go back to speculative decoding (fewer: not worth a prefill).
@@ -143,23 +143,11 @@ class Running:
         return Done(reason, stop, n, len(req.prompt), cached, self.stats, tps, prompt_tps, self.queue_seconds)
 
 
-class Widths(BatchWidth):
-    """The batch's width chooser (`BatchWidth`), kept by the scheduler so that the (rows,
-    width) costs it measured carry from one batch to the next; it remembers the width of
-    the cycle it last timed (its rows' stats count that cycle at that width)."""
-
-    width = 1
-
-    def update(self, rows: int, width: int, seconds: float) -> None:
-        """Record a finished cycle (see `BatchWidth.update`), and its width."""
-        super().update(rows, width, seconds)
-        self.width = width
-
-    @classmethod
-    def up_to(cls, limit: int) -> "Widths":
-        """Plain steps, and drafted blocks of 4 and of `limit` tokens (at most `limit`: the
-        server's block size, or its drafter's)."""
-        return cls(sorted({1, min(4, limit), limit}))
+def widths_up_to(limit: int) -> BatchWidth:
+    """The batch's width chooser: plain steps, and drafted blocks of 4 and of `limit`
+    tokens (at most `limit`: the server's block size, or its drafter's). The scheduler keeps
+    one, so that the (rows, width) costs it measured carry from one batch to the next."""
+    return BatchWidth(sorted({1, min(4, limit), limit}))
 
 
 class _Joining(NamedTuple):
@@ -181,7 +169,7 @@ class Scheduler:
         self.jobs: list[Job] = []  # requests started and not ended (any thread may read it)
         self.stopping = False  # the inbox said stop while a batch ran
         self.resumed = 0  # rows that went back to speculative decoding
-        self.widths = Widths.up_to(worker.options.block_limit(worker.draft))
+        self.widths = widths_up_to(worker.options.block_limit(worker.draft))
 
     def serve(self, job: Job) -> None:
         """Run `job`, and every request that joins it, to their ends."""
@@ -344,7 +332,9 @@ class Scheduler:
         last, sampling = (req.prompt + run.tokens)[-1], run.options.sampling()
         cache = run.cache.cache  # holds every token before `last`, in the target and the drafter's context
         draft = cache.context_copy()
-        rows[decoder.add(cache.target, last, sampling, req.logprobs is not None, draft)] = run
+        policy = run.cache.policy  # what the request learned of the drafter alone, if adaptive
+        record = policy.drafts if policy is not None and policy.drafts.size == decoder.pair.block else None
+        rows[decoder.add(cache.target, last, sampling, req.logprobs is not None, draft, record)] = run
 
     def _drop_cancelled(self, decoder: BatchSpeculator, rows: dict, joining: list) -> None:
         for uid, run in list(rows.items()):
@@ -372,7 +362,7 @@ class Scheduler:
         it would be alone, the row ending at its stop or its `max_tokens` (its later tokens
         are dropped); rows that end leave."""
         committed = decoder.cycle()
-        width = self.widths.width
+        width = decoder.width
         self.worker.metrics.stepped(len(committed), width)
         for uid, tokens, accepted, logprobs in committed:
             run, taken = rows[uid], 0

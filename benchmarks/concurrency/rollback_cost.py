@@ -7,8 +7,8 @@ tokens must leave the shared slot axis of mlx-lm's `BatchKVCache`:
     one copy of every layer's keys and values per cycle that rows reject differently;
 (b) leave them where they are as masked holes (each row's RoPE position kept apart from its
     slot): no copy, but every later forward attends over the holes too. Timed as the extra
-    attention of one verify over the slots the holes add, R per cycle, summed over 64
-    cycles (trapezoid over 0, 16, ..., 64 cycles of holes).
+    attention of one verify per slot (from a span of 2,048 more slots), times the slots the
+    holes add, HOLES per cycle, summed over 64 cycles.
 B = 4 rows, SmolLM2-135M's attention shapes (30 layers, 9 query / 3 KV heads of 64,
 float32), W = 8, at 1K and 8K tokens of context. Medians of REPEATS.
 
@@ -108,13 +108,12 @@ def attention_seconds(slots: int) -> float:
     return median(run)
 
 
-def holes_seconds(context: int) -> float:
-    """(b): the extra attention over CYCLES cycles of holes (HOLES more slots each cycle)."""
-    base = attention_seconds(context)
-    points = list(range(0, CYCLES + 1, 16))
-    extra = [attention_seconds(context + HOLES * n) - base for n in points]
-    step = points[1] - points[0]
-    return step * (sum(extra) - (extra[0] + extra[-1]) / 2)
+def holes_seconds(context: int, span: int = 2048) -> float:
+    """(b): the extra attention over CYCLES cycles of holes (HOLES more slots each cycle:
+    cycle n attends over n * HOLES of them). The cost of one more slot comes from a span
+    of `span` slots: the difference of two timings, well above the timer's noise."""
+    per_slot = (attention_seconds(context + span) - attention_seconds(context)) / span
+    return per_slot * HOLES * CYCLES * (CYCLES - 1) / 2
 
 
 def main() -> None:
