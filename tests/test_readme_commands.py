@@ -82,8 +82,11 @@ def flags(words: list[str]) -> list[str]:
 def resolve(words: list[str]) -> tuple[object, list[str], list[str]]:
     """(the click command, its path, the words left) for the words after `dflash`."""
     command, path, rest = GROUP, ["dflash"], list(words)
-    while hasattr(command, "commands") and rest and not rest[0].startswith("-"):
-        name = rest.pop(0)
+    while hasattr(command, "commands") and rest:
+        default = getattr(command, "default_command", None)  # `dflash bench -m 32` is `bench speed -m 32`
+        if rest[0].startswith("-") and (default is None or rest[0] in ("-h", "--help")):
+            break
+        name = default if rest[0].startswith("-") else rest.pop(0)
         assert name in command.commands, f"no command {' '.join(path)} {name!r}"
         command, path = command.commands[name], [*path, name]
     return command, path, rest

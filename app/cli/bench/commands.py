@@ -31,9 +31,11 @@ from .context import DEFAULT_CONTEXTS
 class _SpeedByDefault(TyperGroup):
     """`bench` followed by an option (not --help) is `bench speed` followed by it."""
 
+    default_command = "speed"
+
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0].startswith("-") and args[0] not in self.get_help_option_names(ctx):
-            args = ["speed", *args]
+            args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
 
