@@ -157,7 +157,7 @@ class BatchDecoder:
             raise ValueError(reason)
         if len(cache) != self.layers:
             raise ValueError(f"cache has {len(cache)} layers, the model {self.layers}")
-        joined = [layer.merge([layer]) for layer in cache]  # one-row batch caches (copies)
+        joined = [self._batch_form(layer) for layer in cache]  # one-row batch caches (copies)
         if self.cache:
             for batch, row in zip(self.cache, joined):
                 batch.extend(row)
@@ -166,6 +166,10 @@ class BatchDecoder:
         row = _Row(next(self._uids), sampling, int(last), cache_length(cache) + 1, logprobs)
         self.rows.append(row)
         return row.uid
+
+    def _batch_form(self, layer: Any) -> Any:
+        """The one-row batch cache of a single-sequence cache layer: its `merge`."""
+        return layer.merge([layer])
 
     def step(self) -> list[Drawn]:
         """One forward over every row's last token; each row's next token drawn with its

@@ -15,10 +15,9 @@ holds) and their own acceptance record. A cycle is
   (B, width) tokens in one forward, and each row accepts by the one-sequence loop's rule
   (`sampling.accept` on its own position-keyed draws), so each row's text is its solo
   text whatever it shares the batch with and whatever was drafted. Every row's rejected
-  tail leaves the target caches at once (`rollback.Checkpoint.rollback_rows`: rolled into
-  the row's left padding, a copy of every layer's keys and values whenever the rows reject
-  different numbers of tokens, which `benchmarks/concurrency/rollback_cost.py` weighs
-  against leaving masked holes; or replayed for gated-delta states).
+  tail leaves the target caches at once (`rollback.Checkpoint.rollback_rows`: the KV
+  layers are `holes.HoleKVCache`s, where a row's rejected slots stay as masked holes and
+  its RoPE offset goes back, no copy; gated-delta states are replayed).
 `cycle` picks the width for the batch as it is (`batch_width.BatchWidth`) and teaches it
 the cycle's measured time.
 
@@ -42,6 +41,7 @@ from .batch import BatchDecoder, cache_length
 from .batch_width import BatchWidth
 from .context_cache import ContextCache
 from .drafter import Drafter
+from .holes import HoleKVCache
 from .pair import Pair
 from .rollback import Checkpoint
 from .sampling import Draws, SamplingParams, accept, log_softmax
@@ -123,6 +123,11 @@ class BatchSpeculator(BatchDecoder):
         uid = super().add(cache, last, sampling, logprobs)
         self.contexts[uid] = _Context(draft, record if record is not None else Acceptance(self.pair.block))
         return uid
+
+    def _batch_form(self, layer: Any) -> Any:
+        """A KV layer joins as a `HoleKVCache` (a row's rejected slots stay as masked
+        holes), any other as its own `merge` makes it."""
+        return HoleKVCache.merge([layer]) if type(layer) is KVCache else super()._batch_form(layer)
 
     def speculation_refusal(self) -> Optional[str]:
         """Why the batch as it is now cannot take a speculative cycle (None: it can)."""

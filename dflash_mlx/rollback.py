@@ -26,8 +26,9 @@ seen only the accepted tokens. Per cache kind:
   (`Tape.rewind`, the `gated_delta_replay` kernel): no weight is read again.
 
 In a batch (`batch_spec.py`) every row verifies the same number of tokens and keeps its
-own prefix: `Checkpoint.rollback_rows` takes each row's rejected tail out of mlx-lm's batch
-caches (rolled into that row's left padding, or replayed per row for gated-delta states).
+own prefix: `Checkpoint.rollback_rows` takes each row's rejected tail out of the batch
+caches (left as masked holes in a `holes.HoleKVCache`, rolled into the row's left padding
+in mlx-lm's `BatchKVCache`, or replayed per row for gated-delta states).
 
 After a draft tree's verify (`tree.py`) the KV caches hold root + every node in tree
 order; `keep_rows` gathers the accepted path's rows into place and sets the offset, so
@@ -50,6 +51,8 @@ from mlx_lm.models.cache import (
     can_trim_prompt_cache,
     trim_prompt_cache,
 )
+
+from .holes import HoleKVCache
 
 #: replay(layer index, that layer's inputs (1, n, hidden), its cache): rebuild the cache.
 Replay = Callable[[int, mx.array, Any], None]
@@ -92,8 +95,9 @@ class Checkpoint:
     def rollback_rows(self, drops: Sequence[int]) -> None:
         """Undo a batched verify (every row fed the same number of tokens, each keeping its
         own prefix): take row r's last `drops[r]` tokens back out of every layer's batch
-        cache. A `BatchKVCache` is trimmed by the fewest, and each row's further rejected
-        tokens are rolled into its left padding (`_pad_rows`: a copy of the layer's keys
+        cache. A batch KV cache is trimmed by the fewest; each row's further rejected
+        tokens become masked holes in a `HoleKVCache` (`punch`: no copy), or are rolled into
+        its left padding in mlx-lm's `BatchKVCache` (`_pad_rows`: a copy of the layer's keys
         and values; the padding is masked). A
         gated-delta `ArraysCache` is restored and fed each row's kept inputs again in one
         forward, the rows past their own length masked by mlx-lm's `lengths` (which holds
@@ -112,7 +116,9 @@ class Checkpoint:
                 c.finalize()  # lengths off (the batch's gated-delta rows carry no left padding)
             elif isinstance(c, BatchKVCache):
                 c.trim(least)
-                if least < most:
+                if least < most and isinstance(c, HoleKVCache):
+                    c.punch([d - least for d in drops])
+                elif least < most:
                     _pad_rows(c, [d - least for d in drops])
             else:
                 raise ValueError(f"a {type(c).__name__} batch cache cannot be rolled back per row")
