@@ -56,16 +56,18 @@ class HoleKVCache(BatchKVCache):
         self.keys, self.values, self.offset, self.left_padding, self._idx, self.holes = v
 
     def punch(self, counts: Sequence[int]) -> None:
-        """Row r's last `counts[r]` slots become holes and its offset goes back by as many;
-        the slot index stays. Compacts the batch when holes have grown past `COMPACT_SHARE`."""
+        """Row r's last `counts[r]` slots become holes and its offset goes back by the tokens
+        among them; the slot index stays. Compacts the batch once some row's holes exceed
+        `COMPACT_SHARE` of the slots."""
         if len(counts) != self.offset.shape[0] or min(counts) < 0 or max(counts) > self._idx:
             raise ValueError(f"counts {list(counts)} must give 0..{self._idx} slots for each of the batch's rows")
         if max(counts) == 0:
             return
         counts = mx.array(counts)
         fresh = mx.arange(self._idx)[None] >= (self._idx - counts)[:, None]  # (B, _idx)
-        self.holes = self._holes(self._idx) | fresh
-        self.offset = self.offset - counts
+        before = self._holes(self._idx)
+        self.holes = before | fresh
+        self.offset = self.offset - mx.sum(fresh & ~before, axis=1)
         if mx.max(mx.sum(self.holes, axis=1)).item() > COMPACT_SHARE * self._idx:
             self.compact()
 
@@ -89,9 +91,9 @@ class HoleKVCache(BatchKVCache):
     def filter(self, batch_indices: Sequence[int]) -> None:
         """Keep the given rows (mlx-lm's filter, which may shift every row left), holes too."""
         before = self._idx
+        holes = None if self.holes is None else self._holes(before)[mx.array(batch_indices)]
         super().filter(batch_indices)
-        if self.holes is not None:
-            self.holes = self._holes(before)[mx.array(batch_indices)][:, before - self._idx :]
+        self.holes = None if holes is None else holes[:, before - self._idx :]
 
     def extend(self, other: BatchKVCache) -> None:
         """Append the rows of `other` (a `HoleKVCache` or mlx-lm's `BatchKVCache`), holes

@@ -95,6 +95,16 @@ def test_trim_counts_only_tokens_and_filter_extend_keep_the_holes():
     _assert_rows(batch, [*kept, joining])
     batch.filter([1, 2])
     _assert_rows(batch, [kept[1], joining])
+    batch.filter([0])  # the row with holes goes: mlx-lm shifts the batch left by its padding
+    assert batch._idx == 8 and batch.holes.shape == (1, 8)
+    _assert_rows(batch, [kept[1]])
+
+
+def test_a_hole_heavy_batch_compacts_itself():
+    batch, kept = _two_rows()
+    batch.punch([0, 5])  # row 1: 3 more tokens go, over its 2 holes; 5 of 9 slots are holes
+    assert batch.holes is None and batch._idx == 7 and batch.left_padding.tolist() == [0, 3]
+    _assert_rows(batch, [kept[0], [a[..., :4, :] for a in kept[1]]])
 
 
 def test_bad_counts_name_the_batch():
