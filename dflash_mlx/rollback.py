@@ -98,10 +98,10 @@ class Checkpoint:
         cache. A batch KV cache is trimmed by the fewest; each row's further rejected
         tokens become masked holes in a `HoleKVCache` (`punch`: no copy), or are rolled into
         its left padding in mlx-lm's `BatchKVCache` (`_pad_rows`: a copy of the layer's keys
-        and values; the padding is masked). A
-        gated-delta `ArraysCache` is restored and fed each row's kept inputs again in one
-        forward, the rows past their own length masked by mlx-lm's `lengths` (which holds
-        their state and takes their conv window at their own end)."""
+        and values; the padding is masked). A gated-delta `ArraysCache` is restored and fed
+        each row's kept inputs again in one forward, the rows past their own length masked
+        by mlx-lm's `lengths` (which holds their state and takes their conv window at their
+        own end)."""
         least, most = min(drops), max(drops)
         if most <= 0:
             return

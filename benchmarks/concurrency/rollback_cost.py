@@ -2,12 +2,13 @@
 
 After one verify of W tokens per row, each row keeps its own prefix, so its rejected
 tokens must leave the shared slot axis of mlx-lm's `BatchKVCache`:
-(a) roll them into the row's left padding (what `rollback.Checkpoint.rollback_rows` does,
-    by slices; mlx-lm's `prepare(right_padding=...)` / `finalize()` gather, timed beside):
-    one copy of every layer's keys and values per cycle that rows reject differently;
-(b) leave them where they are as masked holes (each row's RoPE position kept apart from its
-    slot): no copy, but every later forward attends over the holes too. Timed as the extra
-    attention of one verify per slot (from a span of 2,048 more slots), times the slots the
+(a) roll them into the row's left padding (what `rollback.Checkpoint.rollback_rows` does
+    on mlx-lm's `BatchKVCache`, by slices; mlx-lm's `prepare(right_padding=...)` /
+    `finalize()` gather, timed beside): one copy of every layer's keys and values per
+    cycle that rows reject differently;
+(b) leave them where they are as masked holes (`holes.HoleKVCache`, what the speculating
+    batch does): no copy, but every later forward attends over the holes too. Timed as the
+    extra attention of one verify per slot (from a span of 2,048 more slots), times the slots the
     holes add, HOLES per cycle, summed over 64 cycles.
 B = 4 rows, SmolLM2-135M's attention shapes (30 layers, 9 query / 3 KV heads of 64,
 float32), W = 8, at 1K and 8K tokens of context. Medians of REPEATS.
