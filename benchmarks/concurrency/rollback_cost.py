@@ -25,6 +25,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from dflash_mlx.kernels.choice import seconds
 from dflash_mlx.rollback import Checkpoint
 
 ROWS, LAYERS, HEADS, KV_HEADS, DIM = 4, 30, 9, 3, 64
@@ -34,17 +35,6 @@ CYCLES = 64
 CONTEXTS = (1024, 8192)
 REPEATS = 5
 DROPS = [7, 3, 0, 5]  # the rows' rejected drafts in the timed verify
-
-
-def median(run, repeats: int = REPEATS) -> float:
-    """The median seconds of `run()` (after one warm-up)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - tic)
-    return sorted(times)[repeats // 2]
 
 
 def batch_caches(context: int) -> list[BatchKVCache]:
@@ -106,7 +96,7 @@ def attention_seconds(slots: int) -> float:
         outs = [mx.fast.scaled_dot_product_attention(q, k, v, scale=DIM**-0.5, mask=mask) for _ in range(LAYERS)]
         mx.eval(outs)
 
-    return median(run)
+    return seconds(run, REPEATS)
 
 
 def holes_seconds(context: int, span: int = 2048) -> float:
