@@ -4,7 +4,8 @@ After a batched verify (`batch_spec.py`) each row keeps its own accepted prefix;
 `BatchKVCache` holds one slot index `_idx` for every row, so a row that rejected more
 than the others has dead slots at its end. `HoleKVCache` leaves them where they are and
 masks them for every later query (`punch`), instead of rolling each row's keys and values
-into its left padding (a copy of every layer per cycle, `rollback._pad_rows`). A row's
+into its left padding (a copy of every layer per cycle: `benchmarks/concurrency/
+rollback_cost.py` times both). A row's
 RoPE offset (`offset`, the number of tokens it holds) is kept apart from the slot index:
 it goes back by the row's rejected count while `_idx` stays, so the next token of that row
 sits at its own position, after a few masked slots.

@@ -2,10 +2,9 @@
 
 After one verify of W tokens per row, each row keeps its own prefix, so its rejected
 tokens must leave the shared slot axis of mlx-lm's `BatchKVCache`:
-(a) roll them into the row's left padding (what `rollback.Checkpoint.rollback_rows` does
-    on mlx-lm's `BatchKVCache`, by slices; mlx-lm's `prepare(right_padding=...)` /
-    `finalize()` gather, timed beside): one copy of every layer's keys and values per
-    cycle that rows reject differently;
+(a) roll them into the row's left padding (by slices, `roll_rows`, as the speculating batch
+    first did; mlx-lm's `prepare(right_padding=...)` / `finalize()` gather, timed beside):
+    one copy of every layer's keys and values per cycle that rows reject differently;
 (b) leave them where they are as masked holes (`holes.HoleKVCache`, what the speculating
     batch does): no copy, but every later forward attends over the holes too. Timed as the
     extra attention of one verify per slot (from a span of 2,048 more slots), times the slots the
@@ -26,7 +25,6 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from dflash_mlx.kernels.choice import seconds
-from dflash_mlx.rollback import Checkpoint
 
 ROWS, LAYERS, HEADS, KV_HEADS, DIM = 4, 30, 9, 3, 64
 WIDTH = 8
@@ -56,12 +54,34 @@ def mlx_lm_rollback(caches: list[BatchKVCache], drops: list[int]) -> None:
         c.finalize()
 
 
-def ours(caches: list[BatchKVCache], drops: list[int]) -> None:
-    """(a) as `BatchSpeculator` does."""
-    Checkpoint(caches, None).rollback_rows(drops)
+def roll_rows(c: BatchKVCache, shifts: list[int]) -> None:
+    """Roll row r of a batch cache right by shifts[r] slots along its whole buffer, so that
+    its last shifts[r] held tokens wrap into its left padding: what mlx-lm's
+    `prepare(right_padding=...)` / `finalize()` do, here by slices and one concatenation
+    instead of a gather (about 2.5x faster on a CPU)."""
+    size = c.keys.shape[2]
+
+    def rolled(x: mx.array) -> mx.array:  # (B, kv_heads, size, head_dim)
+        rows = [
+            mx.concatenate([x[r : r + 1, :, size - k :], x[r : r + 1, :, : size - k]], axis=2) if k else x[r : r + 1]
+            for r, k in enumerate(shifts)
+        ]
+        return mx.concatenate(rows, axis=0)
+
+    c.keys, c.values = rolled(c.keys), rolled(c.values)
+    shift = mx.array(shifts)
+    c.offset = c.offset - shift
+    c.left_padding = c.left_padding + shift
 
 
-def roll_seconds(context: int, rollback=ours) -> float:
+def by_slices(caches: list[BatchKVCache], drops: list[int]) -> None:
+    """(a) by slices (what the speculating batch did before it left holes)."""
+    for c in caches:
+        c.trim(min(drops))
+        roll_rows(c, [d - min(drops) for d in drops])
+
+
+def roll_seconds(context: int, rollback=by_slices) -> float:
     """(a): one verify's rollback, every layer (the verify's own write not timed)."""
     caches = batch_caches(context)
     new = [mx.random.normal((ROWS, KV_HEADS, WIDTH, DIM)) for _ in range(2)]
