@@ -15,7 +15,9 @@ sits at its own position, after a few masked slots.
 the left padding and causality. `filter`, `extend` and `trim` carry the holes along;
 `extract` gives a compact single-sequence cache (holes dropped); `compact` squeezes every
 row's holes out of the batch (one gather of every slot), which `punch` does itself once a
-row's holes exceed `COMPACT_SHARE` of the slots.
+row's holes exceed `COMPACT_SHARE` of the slots. That check reads the holes back to the host
+only once a host-side bound on them (`hole_bound`) passes the share: on a GPU each read
+waits for the device, and `punch` runs on every layer after every verify.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class HoleKVCache(BatchKVCache):
     def __init__(self, left_padding: list[int]):
         super().__init__(left_padding)
         self.holes: Optional[mx.array] = None  # (B, n) bool: a hole at row r, slot j < n
+        self.hole_bound = 0  # no row holds more holes than this (a host integer: see `punch`)
 
     def _holes(self, width: int) -> mx.array:
         """The holes (B, width): cut or padded on the right with no holes."""
@@ -55,6 +58,7 @@ class HoleKVCache(BatchKVCache):
     @state.setter
     def state(self, v: tuple) -> None:
         self.keys, self.values, self.offset, self.left_padding, self._idx, self.holes = v
+        self.hole_bound = 0 if self.holes is None else self._idx
 
     def punch(self, counts: Sequence[int]) -> None:
         """Row r's last `counts[r]` slots become holes and its offset goes back by the tokens
@@ -64,13 +68,16 @@ class HoleKVCache(BatchKVCache):
             raise ValueError(f"counts {list(counts)} must give 0..{self._idx} slots for each of the batch's rows")
         if max(counts) == 0:
             return
+        self.hole_bound += max(counts)
         counts = mx.array(counts)
         fresh = mx.arange(self._idx)[None] >= (self._idx - counts)[:, None]  # (B, _idx)
         before = self._holes(self._idx)
         self.holes = before | fresh
         self.offset = self.offset - mx.sum(fresh & ~before, axis=1)
-        if mx.max(mx.sum(self.holes, axis=1)).item() > COMPACT_SHARE * self._idx:
-            self.compact()
+        if self.hole_bound > COMPACT_SHARE * self._idx:  # perhaps: count them (one read)
+            self.hole_bound = mx.max(mx.sum(self.holes, axis=1)).item()
+            if self.hole_bound > COMPACT_SHARE * self._idx:
+                self.compact()
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs) -> mx.array:
         """mlx-lm's mask (B, 1, N, _idx + N) for N new tokens, with the holes masked too."""
@@ -111,6 +118,7 @@ class HoleKVCache(BatchKVCache):
         holes = mx.concatenate([justified(self), justified(other)]) if mine or theirs else None
         super().extend(other)
         self.holes = holes
+        self.hole_bound = max(self.hole_bound, getattr(other, "hole_bound", 0))
 
     def _kept(self) -> list[list[int]]:
         """Each row's held slots (past its left padding, not holes), in order."""
@@ -142,3 +150,4 @@ class HoleKVCache(BatchKVCache):
         self.left_padding = mx.array(pads)
         self._idx = width
         self.holes = None
+        self.hole_bound = 0

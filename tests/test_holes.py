@@ -47,7 +47,12 @@ def _two_rows() -> tuple[HoleKVCache, list[list[mx.array]]]:
     return batch, kept
 
 
+def _most_holes(batch: HoleKVCache) -> int:
+    return 0 if batch.holes is None else mx.max(mx.sum(batch.holes, axis=1)).item()
+
+
 def _assert_rows(batch: HoleKVCache, kept: list[list[mx.array]]) -> None:
+    assert batch.hole_bound >= _most_holes(batch)
     for i, (keys, values) in enumerate(kept):
         row = batch.extract(i)
         assert row.offset == keys.shape[2] == batch.offset[i].item()
@@ -105,6 +110,22 @@ def test_a_hole_heavy_batch_compacts_itself():
     batch.punch([0, 5])  # row 1: 3 more tokens go, over its 2 holes; 5 of 9 slots are holes
     assert batch.holes is None and batch._idx == 7 and batch.left_padding.tolist() == [0, 3]
     _assert_rows(batch, [kept[0], [a[..., :4, :] for a in kept[1]]])
+
+
+def test_rows_rejecting_in_turn_stay_bounded_and_uncompacted():
+    """Rows that reject 3 of 4 in turn never hold half their slots as holes: the host bound
+    (which adds each punch's most) passes the share, is corrected by one count, and the
+    batch is not compacted."""
+    mx.random.seed(1)
+    batch = HoleKVCache.merge([_solo(*_kv(3)), _solo(*_kv(3))])
+    reads = 0
+    for cycle in range(12):
+        batch.update_and_fetch(*_kv(4, rows=2))
+        before = batch.hole_bound
+        batch.punch([3, 0] if cycle % 2 else [0, 3])
+        assert batch.holes is not None and batch.hole_bound >= _most_holes(batch)
+        reads += batch.hole_bound < before + 3  # a count replaced the bound
+    assert reads > 0 and batch.offset.tolist() == [3 + 12 * 4 - 6 * 3] * 2
 
 
 def test_bad_counts_name_the_batch():
