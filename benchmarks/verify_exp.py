@@ -7,8 +7,6 @@
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 
-import statistics
-import time
 from typing import Callable
 
 import mlx.core as mx
@@ -17,20 +15,15 @@ import numpy as np
 from mlx_lm.models.cache import trim_prompt_cache
 
 from dflash_mlx import load, load_draft, make_prompt_cache
+from dflash_mlx.kernels.choice import seconds
 from dflash_mlx.targets import make_target
 
 CONTEXT, HEAD_DIM = 300, 64
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 15) -> float:
-    """The median wall time of `fn` in milliseconds, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - tic)
-    return statistics.median(times) * 1e3
+    """The median wall time of `fn` in milliseconds (`kernels.choice.seconds`)."""
+    return seconds(fn, repeats) * 1e3
 
 
 def op_costs(layers: int, heads: int, kv_heads: int, width: int, b: int) -> tuple[float, float, float]:

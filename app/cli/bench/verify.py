@@ -5,25 +5,14 @@ trees pay depends on how that cost grows with n on this machine (on a CPU, OpenB
 switches from gemv to gemm at 2 rows; on Apple GPUs it is nearly flat to 16). Each n is
 timed as the decoding loop runs it: a tree verify (ancestor mask, per-node positions)
 plus the LM head over its rows, on a KV cache of `context` tokens, taken back out after
-each run; n = 1 is a plain step. The median of `repeats` runs, after a warm-up.
+each run; n = 1 is a plain step. The median of `repeats` runs, after two warm-ups.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional, Sequence
 
 DEFAULT_SIZES = tuple(range(1, 65))
-
-
-def _median_seconds(run: Callable[[], None], repeats: int) -> float:
-    run()  # warm-up: graph building and allocation
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - tic)
-    return sorted(times)[len(times) // 2]
 
 
 def run_verify_cost(
@@ -39,6 +28,7 @@ def run_verify_cost(
     from mlx_lm.models.cache import make_prompt_cache
 
     from dflash_mlx import default_model_path, load
+    from dflash_mlx.kernels.choice import seconds
     from dflash_mlx.targets import make_target
     from dflash_mlx.tree import Tree
 
@@ -68,7 +58,7 @@ def run_verify_cost(
     for n in sizes:
         if progress:
             progress(f"verify of {n} rows")
-        rows.append({"rows": n, "ms": round(1000 * _median_seconds(lambda n=n: verify(n), repeats), 2)})
+        rows.append({"rows": n, "ms": round(1000 * seconds(lambda n=n: verify(n), repeats), 2)})
     base = next((r["ms"] for r in rows if r["rows"] == 1), rows[0]["ms"])
     for r in rows:
         r["ratio"] = round(r["ms"] / base, 2)
