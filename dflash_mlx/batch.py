@@ -20,14 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from .drafter import Drafter
-from .pair import Pair
 from .sampling import SamplingParams, log_softmax
 from .targets import model_type
 
@@ -49,8 +47,6 @@ BATCHED_FAMILIES = (
 #: A `QuantizedKVCache` has no batch form (and a `RotatingKVCache` that keeps its first
 #: tokens has none either): such a request decodes alone.
 _MERGEABLE = (KVCache, RotatingKVCache, ArraysCache)
-#: Prompt tokens fed per forward by `prefill`: a batch step waits for at most one chunk.
-PREFILL_CHUNK = 256
 
 
 def refusal(model: nn.Module, cache: Optional[Sequence[Any]] = None) -> Optional[str]:
@@ -70,34 +66,6 @@ def refusal(model: nn.Module, cache: Optional[Sequence[Any]] = None) -> Optional
 def batchable(model: nn.Module) -> bool:
     """Whether `model`'s requests can share a `BatchDecoder` (see `refusal`)."""
     return refusal(model) is None
-
-
-def prefill(
-    model: nn.Module,
-    tokens: Sequence[int],
-    cache: list[Any],
-    chunk: int = PREFILL_CHUNK,
-    draft: Optional[tuple[Drafter, list[Any]]] = None,
-) -> Iterator[int]:
-    """Feed `tokens` into a single-sequence `cache`, `chunk` tokens per forward, yielding
-    how many are in after each: a server runs batch steps between chunks, so a long
-    prompt does not stall the batch. A request that joins with last token x has fed its
-    prompt up to x (mlx-lm's prefill too leaves the last prompt token to the first step).
-    With `draft` (a drafter and the sequence's context cache, `Drafter.make_cache`), the
-    tokens' features go into that cache too: what a speculating row joins with
-    (`batch_spec.BatchSpeculator.add`)."""
-    if chunk < 1:
-        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
-    pair = Pair.of(model, draft[0]) if draft is not None else None
-    for start in range(0, len(tokens), chunk):
-        inputs = mx.array(tokens[start : start + chunk])[None]  # (1, n)
-        if pair is None:
-            model(inputs, cache=cache)  # logits unused
-        else:
-            _, features = pair.target.forward(inputs, cache)  # features (1, n, k * hidden)
-            pair.drafter.append_context(features, draft[1])
-        mx.eval([layer.state for layer in cache] + ([c.keys for c in draft[1]] if draft else []))
-        yield min(start + chunk, len(tokens))
 
 
 def cache_length(cache: Sequence[Any]) -> int:

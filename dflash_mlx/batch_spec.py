@@ -91,7 +91,7 @@ class BatchSpeculator(BatchDecoder):
     drafted block per row, one verify forward), `step()` (a plain batched step), or
     `cycle()` (whichever `chooser` expects to commit the most tokens per second).
 
-    `add` a row with its drafter context cache (`batch.prefill` with `draft=` fills it);
+    `add` a row with its drafter context cache (what the loop's prefill leaves in it);
     `remove`, `extract` and `context` as in `BatchDecoder`. The models are never changed."""
 
     def __init__(self, model: nn.Module, drafter: Optional[Drafter], chooser: Optional[BatchWidth] = None):

@@ -23,10 +23,11 @@ import pytest
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, prefill, refusal
+from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, refusal
 from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.speculative import generate_step
 
+from batch_rows import prefill
 from tiny_targets import VOCAB, tiny_target
 
 SAMPLED = [SamplingParams(0.9, 0.9, 0, 11), SamplingParams(1.0, 1.0, 20, 12), SamplingParams(0.7, 0.8, 30, 13)]

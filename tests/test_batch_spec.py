@@ -21,7 +21,6 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from dflash_mlx.acceptance import Acceptance
-from dflash_mlx.batch import prefill
 from dflash_mlx.batch_spec import BatchSpeculator, propose_rows, rows_draft_together, speculation_refusal
 from dflash_mlx.batch_width import CPU_VERIFY_COST, BatchWidth
 from dflash_mlx.drafter import Drafter
@@ -30,6 +29,7 @@ from dflash_mlx.targets import make_target
 
 from conftest import smollm2_drafter_config
 from test_batch import SAMPLED, mlx_alone, ours_alone
+from batch_rows import prefill
 from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
 
 BLOCK = 6

@@ -18,10 +18,11 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from test_batch import _prompt, mlx_alone, ours_alone
+from batch_rows import prefill
 from tiny_targets import tiny_drafter_config, tiny_target
 
 from dflash_mlx import make_prompt_cache
-from dflash_mlx.batch import BatchDecoder, cache_length, prefill
+from dflash_mlx.batch import BatchDecoder, cache_length
 from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import SamplingParams

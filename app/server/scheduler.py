@@ -60,7 +60,7 @@ from app.model_thread import describe_error
 from app.server import MAX_BATCH
 from app.server.jobs import Delta, Done, Job, stop_hit, token_logprob
 from dflash_mlx import DecodeOptions, GenerationStats
-from dflash_mlx.batch import PREFILL_CHUNK, cache_length, refusal
+from dflash_mlx.batch import cache_length, refusal
 from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.batch_width import BatchWidth
 from dflash_mlx.text import TokenText
@@ -70,6 +70,8 @@ __all__ = ["MAX_BATCH", "RESUME", "SOLO", "Running", "Scheduler", "policy", "wid
 SOLO = "first come, first served: one request runs at a time on one worker thread, the rest wait in order"
 #: Tokens a lone row must still have to go back to speculative decoding (fewer: not worth a prefill).
 RESUME = 32
+#: Prompt tokens a joining request prefills per forward: a batch step waits for at most one chunk.
+PREFILL_CHUNK = 256
 
 
 def policy(max_batch: int, model: Any, options: DecodeOptions, ranks: Any = None) -> tuple[bool, str]:
