@@ -21,6 +21,15 @@ holds) and their own acceptance record. A cycle is
 `cycle` picks the width for the batch as it is (`batch_width.BatchWidth`) and teaches it
 the cycle's measured time.
 
+Prompt lookup (`lookup.py`) works inside the batch as in a chain cycle alone: a row whose
+own recent tokens promise more from lookup's guess than from the drafter's drafts
+(`acceptance.Records.chain_guess`, on the row's own records) verifies the guess in their
+place, the rest of its block filled with the drafter's drafts (any fill is lossless:
+acceptance stops at the first token the target would not choose). A batch whose rows all
+guess a full block runs no drafter forward. The chooser weighs each row by what it
+expects of its guess or its drafts (`Outlook`), so repetitive rows can make a drafted
+cycle pay where the drafter alone would not.
+
 Sliding-window layers (a `BatchRotatingKVCache` cannot give back a row's last tokens) and
 rows that joined without drafter context take plain steps only: `speculation_refusal`
 says why, and `cycle` then steps plainly; never a wrong token.
@@ -36,12 +45,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
-from .acceptance import Acceptance
+from .acceptance import Acceptance, Records
 from .batch import BatchDecoder, cache_length
 from .batch_width import BatchWidth
 from .context_cache import ContextCache
 from .drafter import Drafter
 from .holes import HoleKVCache
+from .lookup import WINDOW, lookup
 from .pair import Pair
 from .rollback import Checkpoint
 from .sampling import Draws, SamplingParams, accept, log_softmax
@@ -77,13 +87,42 @@ class Committed(NamedTuple):
     tokens: list[int]
     accepted: int
     logprobs: Optional[list[mx.array]]
+    guessed: bool = False  # the row verified prompt lookup's guess, not the drafter's drafts
 
 
 @dataclass
 class _Context:
     draft: Optional[list[Any]]  # the row's drafter context cache (None: joined without one)
-    record: Acceptance
+    records: Records  # what the row learned of the drafter and of its lookup guesses
+    lookup: int  # prompt lookup's longest suffix for this row (0: off)
+    history: list[int]  # the row's latest tokens before its last (lookup's context)
     pending: list[mx.array] = field(default_factory=list)  # features (1, n, k * hidden) not yet in `draft`
+
+    def found(self, last: int, k: int) -> list[int]:
+        """Prompt lookup's guess of up to `k` tokens after `last` ([] when off or none)."""
+        return lookup(self.history[-WINDOW:] + [last], k, self.lookup) if self.lookup else []
+
+    def fed(self, tokens: list[int]) -> None:
+        """`tokens` went in before the row's new last token: lookup's context grows."""
+        self.history += tokens
+        if len(self.history) > 2 * WINDOW:
+            del self.history[:-WINDOW]
+
+
+class Outlook(NamedTuple):
+    """A row's prospects before a cycle: its records and lookup's guess at the widest width."""
+
+    records: Records
+    found: list[int]
+
+    def guess(self, width: int) -> list[int]:
+        """The guess a cycle of `width` verifies in place of the drafts ([]: the drafts)."""
+        return self.records.chain_guess(self.found, width - 1)
+
+    def expected(self, width: int) -> float:
+        """Tokens a cycle of `width` is expected to commit for the row."""
+        guess = self.guess(width)
+        return 1 + self.records.guesses.expected(len(guess)) if guess else self.records.drafts.expected(width)
 
 
 class BatchSpeculator(BatchDecoder):
@@ -110,18 +149,25 @@ class BatchSpeculator(BatchDecoder):
         sampling: SamplingParams,
         logprobs: bool = False,
         draft: Optional[list[Any]] = None,
-        record: Optional[Acceptance] = None,
+        records: Optional[Records] = None,
+        history: Sequence[int] = (),
+        lookup: int = 0,
     ) -> int:
         """A sequence joins (see `BatchDecoder.add`) with `draft`, its drafter context cache
         holding the features of every token before `last` (taken over, not copied; None:
-        the batch takes plain steps while the row is in), and `record`, what it learned of
-        the drafter so far (shared, not copied; default: a fresh one). Returns the row's id."""
+        the batch takes plain steps while the row is in), `records`, what it learned of the
+        drafter and of lookup's guesses so far (shared, not copied; default: fresh ones),
+        and for prompt lookup (`lookup`: its longest suffix, 0: off) `history`, the tokens
+        before `last` (the latest `lookup.WINDOW` are kept). Returns the row's id."""
         if draft is not None and draft[0].offset != cache_length(cache):
             raise ValueError(f"draft holds {draft[0].offset} tokens, cache {cache_length(cache)}: they must agree")
-        if record is not None and record.size != self.pair.block:
-            raise ValueError(f"record covers a block of {record.size}, the drafter's is {self.pair.block}")
+        if records is not None and records.drafts.size != self.pair.block:
+            raise ValueError(f"records cover a block of {records.drafts.size}, the drafter's is {self.pair.block}")
+        if lookup < 0:
+            raise ValueError(f"lookup must be an integer >= 0, got {lookup!r}")
         uid = super().add(cache, last, sampling, logprobs)
-        self.contexts[uid] = _Context(draft, record if record is not None else Acceptance(self.pair.block))
+        records = records if records is not None else Records(Acceptance(self.pair.block))
+        self.contexts[uid] = _Context(draft, records, lookup, list(history[-WINDOW:]))
         return uid
 
     def _batch_form(self, layer: Any) -> Any:
@@ -154,9 +200,12 @@ class BatchSpeculator(BatchDecoder):
         self._flush(ctx)
         return ctx.draft
 
-    def records(self) -> list[Acceptance]:
-        """The rows' acceptance records, in row order."""
-        return [self.contexts[row.uid].record for row in self.rows]
+    def outlooks(self, width: int) -> list[Outlook]:
+        """Each row's records and lookup's guess for a cycle of up to `width`, in row order."""
+        return [Outlook(ctx.records, ctx.found(row.last, width - 1)) for row, ctx in self._row_contexts()]
+
+    def _row_contexts(self) -> list[tuple[Any, _Context]]:
+        return [(row, self.contexts[row.uid]) for row in self.rows]
 
     def _flush(self, ctx: _Context) -> None:
         """Move a row's pending features into its drafter context (one projection)."""
@@ -183,20 +232,26 @@ class BatchSpeculator(BatchDecoder):
         measured seconds."""
         if not self.rows:
             raise ValueError("the batch is empty: add a sequence first")
-        rows = len(self.rows)
-        width = 1 if self.speculation_refusal() is not None else self.chooser.choose(self.records())
+        rows, outlooks = len(self.rows), None
+        if self.speculation_refusal() is None:
+            outlooks = self.outlooks(self.chooser.widths[-1])
+        width = 1 if outlooks is None else self.chooser.choose(outlooks)
         tic = time.perf_counter()
         if width == 1:
+            lasts = [row.last for row in self.rows]
             out = [Committed(d.uid, [d.token], 0, None if d.logprobs is None else [d.logprobs]) for d in self.step()]
+            for c, last in zip(out, lasts):
+                self.contexts[c.uid].fed([last])
         else:
-            out = self.speculate(width)
+            out = self.speculate(width, outlooks)
         self.chooser.update(rows, width, time.perf_counter() - tic)
         self.width = width
         return out
 
-    def speculate(self, width: int) -> list[Committed]:
-        """A drafted block of `width` tokens per row ([last, width - 1 drafts]), verified in
-        one target forward; each row keeps its accepted drafts and the target's next token.
+    def speculate(self, width: int, outlooks: Optional[Sequence[Outlook]] = None) -> list[Committed]:
+        """A block of `width` tokens per row ([last, width - 1 drafts]: lookup's guess where
+        the row's `outlooks` say it promises more, else the drafter's), verified in one
+        target forward; each row keeps its accepted drafts and the target's next token.
         Returns one `Committed` per row, in row order."""
         reason = self.speculation_refusal()
         if reason is not None:
@@ -205,9 +260,11 @@ class BatchSpeculator(BatchDecoder):
             raise ValueError("the batch is empty: add a sequence first")
         if width < 2:
             raise ValueError(f"width must be an integer >= 2, got {width!r}")
+        outlooks = outlooks if outlooks is not None else self.outlooks(width)
         target = self.pair.target
         draws = [row.sampling.draws(row.position) for row in self.rows]  # block positions 1.. choose there
-        drafts = self._drafts(draws, width)  # (B, w - 1)
+        guesses = [o.guess(width) for o in outlooks]
+        drafts = self._blocks(draws, width, guesses)  # (B, w - 1)
         inputs = mx.concatenate([mx.array([[row.last] for row in self.rows]), drafts], axis=1)  # (B, w)
         checkpoint = Checkpoint(self.cache, target.replay)
         hidden, features = target.forward(inputs, self.cache, checkpoint=checkpoint)  # (B, w, ...)
@@ -218,14 +275,29 @@ class BatchSpeculator(BatchDecoder):
         checkpoint.rollback_rows([width - 1 - a for a, _ in outcome])
         out = []
         for i, (row, (a, bonus)) in enumerate(zip(self.rows, outcome)):
-            ctx = self.contexts[row.uid]
+            ctx, committed = self.contexts[row.uid], drafted[i][:a] + [bonus]
             ctx.pending.append(features[i : i + 1, : a + 1])  # [last, accepted drafts] join the context
-            ctx.record.learn(width, a)
+            ctx.records.guesses.observe(outlooks[i].found[: width - 1], committed)
+            if not guesses[i]:
+                ctx.records.drafts.learn(width, a)
+            ctx.fed([row.last] + drafted[i][:a])
             row.last, row.position = bonus, row.position + a + 1
             lps = list(log_softmax(logits[i, : a + 1])) if row.logprobs else None
-            out.append(Committed(row.uid, drafted[i][:a] + [bonus], a, lps))
+            out.append(Committed(row.uid, committed, a, lps, bool(guesses[i])))
         mx.eval([c.state for c in self.cache], [lp for c in out for lp in c.logprobs or []])
         return out
+
+    def _blocks(self, draws: list[Draws], width: int, guesses: list[list[int]]) -> mx.array:
+        """Every row's `width - 1` drafts (B, width - 1): its guess, then the drafter's drafts
+        past it (no drafter forward where every row guesses them all)."""
+        if all(len(g) == width - 1 for g in guesses):
+            return mx.array(guesses)
+        drafts = self._drafts(draws, width)
+        if not any(guesses):
+            return drafts
+        fill = [g + [0] * (width - 1 - len(g)) for g in guesses]
+        taken = mx.arange(width - 1)[None] < mx.array([len(g) for g in guesses])[:, None]  # (B, w - 1)
+        return mx.where(taken, mx.array(fill, dtype=drafts.dtype), drafts)
 
     def _drafts(self, draws: list[Draws], width: int) -> mx.array:
         """Every row's first `width - 1` drafts (B, width - 1) after its last token, from the

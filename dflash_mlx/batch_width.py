@@ -6,8 +6,8 @@ Batching and speculation spend the same spare compute: a verify of B rows x w to
 costs more against B rows x 1 the more rows there are (on this CPU, SmolLM2-135M: 1.15x
 at B = 1, w = 8, but 3.82x at B = 16, `benchmarks/concurrency/verify_rows.py`). So the
 choice is made per cycle from
-* each row's own acceptance record (`acceptance.Acceptance`: the expected tokens a chain
-  of w commits), summed over the rows;
+* what each row expects a cycle of w to commit (its `acceptance.Acceptance`, or its
+  `batch_spec.Outlook`: that or prompt lookup's guess), summed over the rows;
 * the cost of a cycle of (rows, width): measured cycles (`acceptance.Cost`, the slow
   running average the chain policy keeps, `policy.py`) where there are any, else the
   seed table of relative verify costs scaled by what this many rows' cycles were
@@ -21,9 +21,9 @@ Pure Python, no MLX: unit-tested with fixed tables.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
-from .acceptance import Acceptance, Cost, charge
+from .acceptance import Cost, charge
 
 #: Seconds of a verify of B rows x w tokens over B rows x 1 token, keyed (B, w); measured
 #: on this project's Linux CPU (SmolLM2-135M float32, 256 tokens of context per row).
@@ -37,6 +37,14 @@ CPU_VERIFY_COST: dict[tuple[int, int], float] = {
     (16, 4): 2.14,
     (16, 8): 3.82,
 }
+
+
+class Expects(Protocol):
+    """A row's prospects (an `Acceptance`, a `batch_spec.Outlook`)."""
+
+    def expected(self, size: int) -> float:
+        """Tokens a cycle of width `size` is expected to commit for the row."""
+        ...
 
 
 def interpolate(points: dict[int, float], x: int) -> float:
@@ -56,7 +64,7 @@ def interpolate(points: dict[int, float], x: int) -> float:
 class BatchWidth:
     """Chooses each batch cycle's width from the rows' acceptance and (rows, width) costs.
 
-    `choose(records)` before a cycle (one `Acceptance` per row), `update(rows, width,
+    `choose(records)` before a cycle (one `Expects` per row), `update(rows, width,
     seconds)` after it. `widths`: the widths it may choose (1, a plain step, always
     among them); `table`: relative verify costs keyed (rows, width) (`CPU_VERIFY_COST`)."""
 
@@ -106,18 +114,18 @@ class BatchWidth:
             plain = 1.0
         return self.relative(rows, width) * plain
 
-    def rates(self, records: Sequence[Acceptance]) -> dict[int, float]:
+    def rates(self, records: Sequence[Expects]) -> dict[int, float]:
         """Expected committed tokens per unit of cost for the batch, by width."""
         rows = len(records)
         return {w: sum(r.expected(w) for r in records) / self.cost(rows, w) for w in self.widths}
 
-    def best(self, records: Sequence[Acceptance]) -> int:
+    def best(self, records: Sequence[Expects]) -> int:
         """The width with the highest expected rate (the narrowest among ties)."""
         rates = self.rates(records)
         return max(self.widths, key=lambda w: (rates[w], -w))
 
-    def choose(self, records: Sequence[Acceptance]) -> int:
-        """The next cycle's width for rows with acceptance `records` (none: a plain step);
+    def choose(self, records: Sequence[Expects]) -> int:
+        """The next cycle's width for rows with prospects `records` (none: a plain step);
         while plain steps win, every 1 / `explore`-th cycle probes the narrowest drafted width."""
         if not records or len(self.widths) == 1:
             return 1

@@ -9,7 +9,9 @@ lengths in the same verify and every per-row rollback runs: each row's tokens mu
 * seeded T > 0: our one-sequence loop on that request alone, same seed.
 On tiny random llama, qwen3 and hybrid qwen3_5 targets, and on the real SmolLM2 target.
 A sliding-window family and a row without drafter context take plain steps, exactly; a
-row extracted with its context continues exactly in another batch. The width chooser
+row extracted with its context continues exactly in another batch. Rows guessing with
+prompt lookup (some cycles every row, some a few) keep their solo text too, and a cycle
+where every row guesses its whole block runs no drafter. The width chooser
 (`batch_width.py`) is tested on fixed cost tables.
 """
 
@@ -20,7 +22,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from dflash_mlx.acceptance import Acceptance
+from dflash_mlx.acceptance import Acceptance, GuessRecord, Records
 from dflash_mlx.batch_spec import BatchSpeculator, propose_rows, rows_draft_together, speculation_refusal
 from dflash_mlx.batch_width import CPU_VERIFY_COST, BatchWidth
 from dflash_mlx.drafter import Drafter
@@ -231,17 +233,63 @@ def test_a_row_without_context_and_a_handed_over_row(models):
         got[a] += c.tokens
     (cache, last), context = spec.extract(a), spec.context(a)
     other, record = BatchSpeculator(model, drafter), Acceptance(BLOCK)  # what the row learned before
-    c = other.add(cache, last, SamplingParams(), logprobs=True, draft=context, record=record)
+    c = other.add(cache, last, SamplingParams(), logprobs=True, draft=context, records=Records(record))
     for width in (6, 1, 4):
         (done,) = other.speculate(width) if width > 1 else other.cycle()
         assert len(done.logprobs) == len(done.tokens) and done.logprobs[0].shape == (VOCAB,)
         got[a] += done.tokens
     assert got[a] == solo[0][: len(got[a])] and c == 0
-    assert other.records() == [record] and record.trials[1] > 0  # the row's own record learns on
+    assert other.outlooks(BLOCK)[0].records.drafts is record and record.trials[1] > 0  # the row's own record learns on
     with pytest.raises(ValueError, match="draft holds"):
         other.add(make_prompt_cache(model), 1, SamplingParams(), draft=context)
-    with pytest.raises(ValueError, match="record covers a block of 3"):
-        other.add(*spec.extract(a), SamplingParams(), record=Acceptance(3))
+    with pytest.raises(ValueError, match="records cover a block of 3"):
+        other.add(*spec.extract(a), SamplingParams(), records=Records(Acceptance(3)))
+
+
+class CountingDrafter(Drafter):
+    """A random drafter that counts its forwards."""
+
+    calls = 0
+
+    def __call__(self, block_embeddings, cache):
+        self.calls += 1
+        return super().__call__(block_embeddings, cache)
+
+
+def test_lookup_guesses_keep_each_rows_text(models):
+    """Rows whose prompts repeat a pattern verify prompt lookup's guesses (their records
+    trust guesses, not the random drafter): a first cycle where every row guesses its whole
+    block runs no drafter forward, later cycles mix guessing rows and drafting ones, and
+    every row's tokens are its solo text, greedy or seeded."""
+    model = models["qwen3"]
+    mx.random.seed(7)
+    drafter = CountingDrafter(tiny_drafter_config(make_target(model).num_layers, BLOCK, mask_token_id=VOCAB - 1))
+    mx.eval(drafter.parameters())
+    prompts = [[5, 9, 2] * 6, [11, 4, 30] * 5 + [11], [8, 8, 3] * 4]
+    samplings = [SamplingParams(), SAMPLED[0], SamplingParams()]
+    spec, uids = BatchSpeculator(model, drafter), []
+    for prompt, sampling in zip(prompts, samplings):
+        cache, draft = make_prompt_cache(model), drafter.make_cache()
+        list(prefill(model, prompt[:-1], cache, draft=(drafter, draft)))
+        trusting = Records(Acceptance(BLOCK), GuessRecord(hits=50.0, tries=50.0))
+        uids.append(spec.add(cache, prompt[-1], sampling, draft=draft, records=trusting, history=prompt[:-1], lookup=4))
+    got, guessed, kept = {uid: [] for uid in uids}, [], []
+    for width in [4] + WIDTHS:
+        out = spec.speculate(width) if width > 1 else spec.cycle()
+        guessed.append([c.guessed for c in out])
+        kept += [c.accepted for c in out if c.guessed]
+        for c in out:
+            got[c.uid] += c.tokens
+        if len(guessed) == 1:
+            assert all(guessed[0]) and drafter.calls == 0  # the whole batch guessed: no drafter forward
+    assert any(any(g) and not all(g) for g in guessed)  # rows guessing beside rows drafting
+    assert max(kept) >= 2  # guessed tokens were accepted
+    for uid, prompt, sampling in zip(uids, prompts, samplings):
+        n = len(got[uid])
+        solo = mlx_alone(model, prompt, n) if sampling.greedy else ours_alone(model, prompt, n, sampling)
+        assert got[uid] == solo, f"row {uid}: batched text with lookup differs from its solo text"
+    with pytest.raises(ValueError, match="lookup must be"):
+        spec.add(make_prompt_cache(model), 1, SamplingParams(), lookup=-1)
 
 
 def _records(rate: float, rows: int) -> list[Acceptance]:

@@ -60,6 +60,7 @@ from app.model_thread import describe_error
 from app.server import MAX_BATCH
 from app.server.jobs import Delta, Done, Job, stop_hit, token_logprob
 from dflash_mlx import DecodeOptions, GenerationStats
+from dflash_mlx.acceptance import Acceptance, Records
 from dflash_mlx.batch import cache_length, refusal
 from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.batch_width import BatchWidth
@@ -335,8 +336,11 @@ class Scheduler:
         cache = run.cache.cache  # holds every token before `last`, in the target and the drafter's context
         draft = cache.context_copy()
         policy = run.cache.policy  # what the request learned of the drafter alone, if adaptive
-        record = policy.drafts if policy is not None and policy.drafts.size == decoder.pair.block else None
-        rows[decoder.add(cache.target, last, sampling, req.logprobs is not None, draft, record)] = run
+        fits = policy is not None and policy.drafts.size == decoder.pair.block
+        records = Records(policy.drafts if fits else Acceptance(decoder.pair.block), run.cache.guesses)
+        history = (req.prompt + run.tokens)[:-1]
+        logprobs, lookup = req.logprobs is not None, run.options.lookup
+        rows[decoder.add(cache.target, last, sampling, logprobs, draft, records, history, lookup)] = run
 
     def _drop_cancelled(self, decoder: BatchSpeculator, rows: dict, joining: list) -> None:
         for uid, run in list(rows.items()):
@@ -366,14 +370,14 @@ class Scheduler:
         committed = decoder.cycle()
         width = decoder.width
         self.worker.metrics.stepped(len(committed), width)
-        for uid, tokens, accepted, logprobs in committed:
-            run, taken = rows[uid], 0
-            for token, lps in zip(tokens, logprobs or [None] * len(tokens)):
+        for row in committed:
+            run, taken = rows[row.uid], 0
+            for token, lps in zip(row.tokens, row.logprobs or [None] * len(row.tokens)):
                 taken += 1
                 if run.accept(self.worker.tokenizer, token, lps):
                     break
-            run.stats.record(width, min(accepted, taken - 1))  # the accepted drafts it took
+            run.stats.record(width, min(row.accepted, taken - 1), guessed=row.guessed)  # the accepted drafts it took
             if run.reason is not None:
-                decoder.remove(uid)
-                del rows[uid]
+                decoder.remove(row.uid)
+                del rows[row.uid]
                 self._finish(run)
