@@ -98,9 +98,10 @@ class _Context:
     history: list[int]  # the row's latest tokens before its last (lookup's context)
     pending: list[mx.array] = field(default_factory=list)  # features (1, n, k * hidden) not yet in `draft`
 
-    def found(self, last: int, k: int) -> list[int]:
-        """Prompt lookup's guess of up to `k` tokens after `last` ([] when off or none)."""
-        return lookup(self.history[-WINDOW:] + [last], k, self.lookup) if self.lookup else []
+    def outlook(self, last: int, width: int) -> Outlook:
+        """The row's records, and lookup's guess of up to `width - 1` tokens after `last`."""
+        found = lookup(self.history[-WINDOW:] + [last], width - 1, self.lookup) if self.lookup else []
+        return Outlook(self.records, found)
 
     def fed(self, tokens: list[int]) -> None:
         """`tokens` went in before the row's new last token: lookup's context grows."""
@@ -202,10 +203,7 @@ class BatchSpeculator(BatchDecoder):
 
     def outlooks(self, width: int) -> list[Outlook]:
         """Each row's records and lookup's guess for a cycle of up to `width`, in row order."""
-        return [Outlook(ctx.records, ctx.found(row.last, width - 1)) for row, ctx in self._row_contexts()]
-
-    def _row_contexts(self) -> list[tuple[Any, _Context]]:
-        return [(row, self.contexts[row.uid]) for row in self.rows]
+        return [self.contexts[row.uid].outlook(row.last, width) for row in self.rows]
 
     def _flush(self, ctx: _Context) -> None:
         """Move a row's pending features into its drafter context (one projection)."""
@@ -214,14 +212,15 @@ class BatchSpeculator(BatchDecoder):
         ctx.pending = []
 
     def _forward(self, inputs: mx.array) -> mx.array:
-        """A plain step through the target adapter: logits (B, 1, V) of inputs (B, 1); each
-        row's features wait in its pending list for its next draft."""
+        """A plain step through the target adapter: logits (B, 1, V) of inputs (B, 1), the
+        rows' last tokens; each row's features wait in its pending list for its next draft."""
         if self.family_refusal is not None:
             return super()._forward(inputs)
         target = self.pair.target
         hidden, features = target.forward(inputs, self.cache)  # (B, 1, hidden), (B, 1, k * hidden)
         for i, row in enumerate(self.rows):
             ctx = self.contexts[row.uid]
+            ctx.fed([row.last])
             if ctx.draft is not None:  # a row without a context takes plain steps only
                 ctx.pending.append(features[i : i + 1])
         return target.lm_head(hidden)
@@ -238,10 +237,7 @@ class BatchSpeculator(BatchDecoder):
         width = 1 if outlooks is None else self.chooser.choose(outlooks)
         tic = time.perf_counter()
         if width == 1:
-            lasts = [row.last for row in self.rows]
             out = [Committed(d.uid, [d.token], 0, None if d.logprobs is None else [d.logprobs]) for d in self.step()]
-            for c, last in zip(out, lasts):
-                self.contexts[c.uid].fed([last])
         else:
             out = self.speculate(width, outlooks)
         self.chooser.update(rows, width, time.perf_counter() - tic)
