@@ -190,18 +190,22 @@ def test_hybrid_and_sliding_targets_keep_the_chain(name):
 class OracleDrafter(Drafter):
     """Drafts from the target itself: position k gets the target's logits after the
     context, the root and the target's greedy tokens 1..k-1 (so a tree's first level holds
-    the likely samples, and deeper levels the greedy path's)."""
+    the likely samples, and deeper levels the greedy path's). `memo` (tokens -> the target's
+    logits after them) is shared by the runs of a test: the target is fixed, so a context
+    seen before gets the same logits without a forward."""
 
-    def __init__(self, model, target: Target, context: list[int]):
+    def __init__(self, model, target: Target, context: list[int], memo: dict):
         super().__init__(drafter_config(target))
-        self.model, self.context = model, context
+        self.model, self.context, self.memo = model, context, memo
 
     def propose(self, block, cache, target):
         tokens, rows = self.context[: cache[0].offset] + [block[0, 0].item()], []
         for _ in range(block.shape[1] - 1):
-            logits = self.model(mx.array(tokens)[None], make_target_cache(self.model))[0, -1]
-            rows.append(logits)
-            tokens.append(int(mx.argmax(logits).item()))
+            key = tuple(tokens)
+            if key not in self.memo:
+                self.memo[key] = self.model(mx.array(tokens)[None], make_target_cache(self.model))[0, -1]  # (V,)
+            rows.append(self.memo[key])
+            tokens.append(int(mx.argmax(rows[-1]).item()))
         return mx.stack(rows)
 
 
@@ -217,11 +221,11 @@ def test_sampling_through_trees_follows_the_target():
         logits = model(mx.array(prompt + tokens)[None], make_target_cache(model))[0, -1]
         return np.array(mx.softmax(filter_logprobs(log_softmax(logits), top_p) / temp, axis=-1))  # filters, then temp
 
-    samples, through = [], 0
+    samples, through, memo = [], 0, {}
     for seed in range(runs):
         mx.random.seed(seed)
         context = list(prompt)
-        drafter = OracleDrafter(model, target, context)
+        drafter = OracleDrafter(model, target, context, memo)
         tokens, stats = [], GenerationStats()
         for committed, _, _ in generate_step(
             prompt, model, drafter, tree_budget=6, temp=temp, top_p=top_p, stats=stats
