@@ -23,7 +23,7 @@ def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):
     drafter = Drafter(drafter_config())
     mx.eval(drafter.parameters())
     cache = PromptCache(model, drafter)
-    prompt = chat(tokenizer, PROMPTS[4])
+    prompt = chat(tokenizer, "Translate 'good morning' into Spanish and French.")
     policy = ScriptedPolicy([1, 3, 1, 1, BLOCK, 2, 1])
     *_, last = stream_generate(model, tokenizer, prompt, drafter, max_tokens=40, prompt_cache=cache, policy=policy)
     assert {1, 3, BLOCK} <= set(last.stats.block_sizes)

@@ -28,10 +28,6 @@ PROMPTS = [
     "Write a Python function that returns the factorial of n.",
     "Explain photosynthesis in two sentences.",
     "List three prime numbers greater than 10.",
-    "Translate 'good morning' into Spanish and French.",
-    "What is 17 times 23? Show your work.",
-    "Write a haiku about the sea.",
-    "Give me a short tip for learning to play the guitar.",
 ]
 MAX_TOKENS = 72
 BLOCK = 8
@@ -97,6 +93,8 @@ def chat(tokenizer, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def references(default_model):
+    """mlx-lm's greedy answers to the prompts (one of them ends at EOS): each test's block
+    sizes and error patterns come round many times within them."""
     model, tokenizer = default_model
     out = {}
     for text in PROMPTS:
@@ -108,12 +106,6 @@ def references(default_model):
 def ours(model, tokenizer, prompt, drafter, **kw):
     responses = list(stream_generate(model, tokenizer, prompt, drafter, **kw))
     return [r.token for r in responses], responses
-
-
-def test_baseline_path_equals_mlx_lm(default_model, references):
-    model, tokenizer = default_model
-    for prompt, ref in list(references.values())[:3]:
-        assert ours(model, tokenizer, prompt, None, max_tokens=MAX_TOKENS)[0] == ref
 
 
 class RowCostPolicy(TreePolicy):
@@ -132,7 +124,10 @@ def test_random_drafter_is_lossless(default_model, references, block_size):
     drafter = Drafter(drafter_config(block_size=16))
     mx.eval(drafter.parameters())
     policy = RowCostPolicy(16) if block_size is None else None  # carried across the prompts, as a chat does
-    for text, (prompt, ref) in list(references.items())[:4]:  # a verify of 16 rows per token: the costliest test
+    # A verify of 16 rows per token, 15 rolled back: two answers do that over a hundred times.
+    # The policy needs all four to settle.
+    count = 2 if block_size else 4
+    for text, (prompt, ref) in list(references.items())[:count]:
         got, responses = ours(
             model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS, block_size=block_size, policy=policy
         )
@@ -307,10 +302,11 @@ def test_pipelined_plain_steps_end_exactly(default_model, references, with_draft
     """Plain steps are queued before the previous token is read. EOS, max_tokens and stop
     strings that land inside such a run end it exactly; the cache holds what was fed
     (a step queued behind EOS or a stop string included, nothing past max_tokens), and
-    the next turn through the same cache stays lossless."""
+    the next turn through the same cache stays lossless. Without a drafter this is the
+    baseline path (the target alone), token-identical to mlx-lm on every prompt."""
     model, tokenizer = default_model
     sizes = [1, 1, 1, 1, 1, 1, 3]  # long runs of plain steps, and a drafted block now and then
-    for text, (prompt, ref) in list(references.items())[:4]:
+    for text, (prompt, ref) in references.items():
         drafter = ScriptedDrafter(prompt + ref, lambda c, k: k == 2) if with_drafter else None
         cache = PromptCache(model, drafter)
         kw = dict(prompt_cache=cache, policy=ScriptedPolicy(sizes))
