@@ -295,9 +295,10 @@ def _ours_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
     return [r.token for r in responses], responses[-1].stats.accepted_lengths
 
 
+# The random drafter's answer stops at EOS within a few cycles of 16; the comma drafter's
+# runs to max_tokens, its blocks accepted in part and shrunk at the end.
 CASES = [
     ("random", "What is the capital of France? Answer in one sentence.", 16),
-    ("random", "Write a Python function that adds two numbers.", 16),
     ("comma", "List the numbers from 1 to 20, one per line.", 8),
 ]
 
