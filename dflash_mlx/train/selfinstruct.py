@@ -19,6 +19,7 @@ request (kept or why not), which makes the writer resumable.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -323,7 +324,10 @@ def write_instructions(
     mx.random.seed(seed + len(tried))
     with open(out, "a") as fo, open(log_path, "a") as fl, StepBar(n, len(kept), progress, "instructions") as bar:
         while len(kept) < n and i < limit:
-            requests, i = _next_requests(i, tried, limit, 4 * batch_size, seed)
+            # a round asks for about what is still needed at the share kept so far (4 batches at most)
+            share = (stats["kept"] + 1) / (sum(stats.values()) + 2)
+            count = min(4 * batch_size, math.ceil((n - len(kept)) / share))
+            requests, i = _next_requests(i, tried, limit, count, seed)
             for req, rec in zip(
                 requests,
                 generate_answers(model, tokenizer, requests, max_tokens, batch_size, temp=temp, poll=control.poll),
