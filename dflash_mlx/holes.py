@@ -88,12 +88,13 @@ class HoleKVCache(BatchKVCache):
 
     def trim(self, n: int) -> int:
         """Drop the last `n` slots; each row's offset goes back by its tokens among them."""
+        if self.holes is None:  # every slot holds a token: mlx-lm's trim
+            return super().trim(n)
         n = min(self._idx, n)
         gone = mx.sum(self._holes(self._idx)[:, self._idx - n :], axis=1)  # (B,) holes among them
         super().trim(n)
         self.offset = self.offset + gone
-        if self.holes is not None:
-            self.holes = self.holes[:, : self._idx]
+        self.holes = self.holes[:, : self._idx]
         return n
 
     def filter(self, batch_indices: Sequence[int]) -> None:

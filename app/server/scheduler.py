@@ -332,15 +332,15 @@ class Scheduler:
             return
         joining.pop(0)
         req = run.job.request
-        last, sampling = (req.prompt + run.tokens)[-1], run.options.sampling()
+        fed = req.prompt + run.tokens
+        last, sampling = fed[-1], run.options.sampling()
         cache = run.cache.cache  # holds every token before `last`, in the target and the drafter's context
         draft = cache.context_copy()
         policy = run.cache.policy  # what the request learned of the drafter alone, if adaptive
         fits = policy is not None and policy.drafts.size == decoder.pair.block
         records = Records(policy.drafts if fits else Acceptance(decoder.pair.block), run.cache.guesses)
-        history = (req.prompt + run.tokens)[:-1]
         logprobs, lookup = req.logprobs is not None, run.options.lookup
-        rows[decoder.add(cache.target, last, sampling, logprobs, draft, records, history, lookup)] = run
+        rows[decoder.add(cache.target, last, sampling, logprobs, draft, records, fed[:-1], lookup)] = run
 
     def _drop_cancelled(self, decoder: BatchSpeculator, rows: dict, joining: list) -> None:
         for uid, run in list(rows.items()):
