@@ -9,8 +9,10 @@ import math
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import llama
 
 from dflash_mlx.drafter import Drafter
@@ -102,6 +104,32 @@ def test_train_forward_batched_sequences_match_single():
         for j, a in enumerate(np.array(batch.anchors[s]).tolist()):
             ref = inference_block(drafter, target, toks, a)
             assert mx.abs(h[s * A + j : s * A + j + 1] - ref).max().item() < 1e-5
+
+
+def test_train_gradient_of_a_batch_is_the_sum_over_its_sequences():
+    """Each block row's context is its own sequence's, in the backward pass too."""
+    model = tiny_target()
+    drafter = tiny_drafter(model, layers=1)
+    target = make_target(model, drafter.config.target_layer_ids)
+    rng = np.random.default_rng(2)
+    seqs = [(rng.integers(0, 60, size=n).tolist(), 5) for n in (30, 22, 37)]
+    batch, _, _ = make_batch(seqs, drafter.config.block_size, 4, drafter.config.mask_token_id, rng)
+    feats = target_features(target, batch.tokens, drafter.config.target_layer_ids)  # (S, L, k*hidden)
+    emb = target.embed(batch.block_tokens)  # (S*A, B, hidden)
+    probe = mx.random.normal(emb.shape, key=mx.random.key(3))
+
+    def grads(rows: slice, seqs: slice) -> dict:
+        def loss(m):
+            return (block_forward(m, feats[seqs], emb[rows], batch.anchors[seqs]) * probe[rows]).sum()
+
+        return nn.value_and_grad(drafter, loss)(drafter)[1]
+
+    A = batch.anchors.shape[1]
+    alone = [grads(slice(s * A, (s + 1) * A), slice(s, s + 1)) for s in range(len(seqs))]
+    summed = tree_map(lambda *g: sum(g), *alone)
+    together = grads(slice(None), slice(None))
+    for (name, g), (_, ref) in zip(tree_flatten(together), tree_flatten(summed)):
+        assert mx.allclose(g, ref, atol=1e-4, rtol=1e-4).item(), name
 
 
 def test_context_mask_sees_exactly_context_before_anchor_and_own_block():

@@ -151,15 +151,16 @@ def block_forward(drafter: Drafter, features: mx.array, block_embeddings: mx.arr
     cfg = drafter.config
     if any(t != "full_attention" for t in cfg.layer_types) or cfg.is_causal:
         raise NotImplementedError("training supports full-attention, non-causal drafters only")
-    S, A = anchors.shape
-    rows = mx.repeat(mx.arange(S), A)  # the sequence each block row belongs to
+    A = anchors.shape[1]
     offsets = anchors.reshape(-1)
     context = drafter.project_context(features)
     mask = context_mask(anchors, features.shape[1], block_embeddings.shape[1])
     h = block_embeddings
     for layer in drafter.layers:
-        k, v = layer.self_attn.context_kv(context, 0)
-        h = layer(h, (k[rows], v[rows]), offsets, mask)
+        k, v = layer.self_attn.context_kv(context, 0)  # (S, kv_heads, L, head_dim)
+        # Row j belongs to sequence j // A. A repeat, not a gather by row index: its gradient
+        # is a sum over each sequence's rows instead of a scatter-add (~6% of a step here).
+        h = layer(h, (mx.repeat(k, A, axis=0), mx.repeat(v, A, axis=0)), offsets, mask)
     return drafter.norm(h)
 
 
