@@ -1,7 +1,7 @@
 """The front ends of mlx-dflash, one room each:
 
-- `app/cli/`: the `dflash` command (`main.py`); `bench/` its benchmarks, `train.py` its data,
-  train and eval commands.
+- `app/cli/`: the `dflash` command (`main.py`); `bench/` its benchmarks, `train.py` its
+  instructions, data, train, eval, curves and draft-vocab commands.
 - `app/chat/`: `dflash-chat`, the terminal chat (`main.py` its command line).
 - `app/server/`: `dflash serve`, the OpenAI- and Anthropic-compatible HTTP server.
 

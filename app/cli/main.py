@@ -1,4 +1,5 @@
-"""The `dflash` command line: generate, bench, serve, convert, export, data, train, eval.
+"""The `dflash` command line: generate, cache-prompt, bench, serve, convert, export, and the training
+commands (instructions, data, train, eval, curves, draft-vocab: `train.py`).
 
 Each command parses its options, calls the engine (`dflash_mlx`) or the converters, and
 prints. Expected failures (`dflash_mlx.errors.EXPECTED_ERRORS`) become one line on
@@ -241,7 +242,8 @@ def serve(
     ),
     options: DecodeOptions = DecodeOptions(),
 ) -> None:
-    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) decoding with DFlash."""
+    """An OpenAI- and Anthropic-compatible server (/v1/chat/completions, /v1/completions, /v1/messages)
+    decoding with DFlash."""
     from dflash_mlx.distributed import choose_sharding, world_size
 
     from app.server.ranks import Ranks, follow

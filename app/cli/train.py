@@ -1,4 +1,4 @@
-"""The `dflash instructions`, `dflash data`, `dflash train` and `dflash eval` commands (registered in main.py).
+"""The `dflash instructions`, `data`, `train`, `eval`, `curves` and `draft-vocab` commands (registered in main.py).
 Heavy imports happen inside the commands so that `dflash --help` stays fast."""
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ def data_command(
 
 #: `dflash train`'s options, one row each: (name, type, default, flags, help). Every one but
 #: data, out, target_layer_ids, init_from, features, resume_from, resume_point, no_progress and threads
-#: is the `TrainArgs` field of the same name.
+#: goes unchanged to the `TrainArgs` field of the same name (those are converted first; resume_from
+#: is restored into OUT and turns resume on; no_progress becomes `progress`).
 TRAIN_OPTIONS = [
     ("data", Path, ..., ["--data", "-d"], "train.jsonl from `dflash data` (or its directory)."),
     ("out", Path, ..., ["--out", "-o"], "Drafter directory to write (loadable by load_draft)."),
