@@ -54,7 +54,7 @@ def read_prompts(sources: Sequence[str]) -> tuple[list[str], list[str]]:
 
 @bench_app.callback(invoke_without_command=True)
 def bench(ctx: typer.Context) -> None:
-    """Benchmarks: speed (plain mlx-lm vs DFlash, the default), context, verify-cost, kernels."""
+    """Benchmarks: speed (plain mlx-lm vs DFlash, the default), context, verify-cost, kernels, concurrency."""
     if ctx.invoked_subcommand is None:
         command = ctx.command.get_command(ctx, "speed")
         with command.make_context("speed", [], parent=ctx) as speed_ctx:  # its defaults, parsed

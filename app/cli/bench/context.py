@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pydoc
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dflash_mlx import apply_chat_template, tau, user_messages
 
@@ -28,7 +28,7 @@ QUESTIONS = (
 )
 
 
-def documentation(tokenizer, tokens: int) -> str:
+def documentation(tokenizer: Any, tokens: int) -> str:
     """The first `tokens` tokens of the standard library's documentation (`MODULES`), as text."""
     ids: list[int] = []
     for name in MODULES:

@@ -12,7 +12,7 @@ the verify kernel's column is empty and the replay is not measured.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dflash_mlx.kernels.choice import seconds as _seconds
 
@@ -39,7 +39,7 @@ def _quantized_target(model_path: Optional[str]):
     return model, note
 
 
-def replay_times(model, repeats: int = REPEATS) -> tuple[Optional[list[dict]], str]:
+def replay_times(model: Any, repeats: int = REPEATS) -> tuple[Optional[list[dict]], str]:
     """(ms per rollback of all gated-delta layers for each kept count in REPLAY_KEEP, module
     replay vs tape + replay kernel, or None; why not measured, or "")."""
     import mlx.core as mx

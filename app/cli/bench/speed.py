@@ -6,9 +6,10 @@ in a rotating order, so that machine noise hits them alike; their outputs are co
 token for token.
 
 Ours runs with the options given (adaptive block size by default), and once more per
-fixed block size and per fixed tree budget asked for (with tree budgets and an adaptive
-block size, also with the chain-only policy, beside the default that weighs trees); each row says
-what its cycles verified (widths) and how many draft nodes per cycle. Prompts of several kinds (the `set`
+fixed block size, per fixed tree budget, per prompt-lookup length and per further draft
+vocabulary asked for (with tree budgets and an adaptive block size, also with the
+chain-only policy, beside the default that weighs trees); each row says what its cycles
+verified (widths) and how many draft nodes per cycle. Prompts of several kinds (the `set`
 of a prompt file's records) get a table per kind too.
 """
 
@@ -20,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dflash_mlx import DecodeOptions, apply_chat_template, histogram, tau, user_messages
 
@@ -38,6 +39,8 @@ DEFAULT_PROMPTS = [
 
 @dataclass
 class MethodResult:
+    """One method's (row's) totals over the prompts, and each prompt's run for `subset`."""
+
     name: str
     tokens: int = 0  # generated tokens after the first
     seconds: float = 0.0
@@ -83,10 +86,12 @@ class MethodResult:
 
     @property
     def tokens_per_second(self) -> float:
+        """Generated tokens after the first per second (0 before any run)."""
         return self.tokens / self.seconds if self.seconds else 0.0
 
     @property
     def tau(self) -> Optional[float]:
+        """Tokens committed per draft/verify cycle (None without cycles: plain mlx-lm)."""
         return tau(self.committed, self.cycles) if self.cycles else None
 
 
@@ -152,7 +157,7 @@ def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
     return save_drafter(Drafter(config), path)
 
 
-def draft_milliseconds(model, drafter, context: int = 256, repeats: int = 20) -> float:
+def draft_milliseconds(model: Any, drafter: Any, context: int = 256, repeats: int = 20) -> float:
     """Wall time of one draft at the drafter's block size, over `context` tokens of random
     context (the median of `repeats`, after a warm-up): the draft's share of a cycle."""
     import mlx.core as mx
