@@ -152,6 +152,8 @@ def chat_prompt(
 
 
 def text_prompt(body: dict, tokenizer: Any) -> list[int]:
+    """A completion's `prompt` as token ids: a string (a list of one string too), encoded with
+    the BOS token unless it starts with it, or a list of token ids in the vocabulary."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]  # a batch of one

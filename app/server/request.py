@@ -44,6 +44,7 @@ class APIError(Exception):
 
     @property
     def kind(self) -> str:
+        """OpenAI's error `type`: the client's fault (4xx) or the server's."""
         return "invalid_request_error" if self.status < 500 else "server_error"
 
     def body(self) -> dict:
@@ -61,14 +62,14 @@ class ModelInfo:
     default_max_tokens: int
     aliases: tuple[str, ...] = ()
     has_draft: bool = True
-    options: DecodeOptions = DecodeOptions()  # the server's own (block size, kernels); requests add sampling
+    options: DecodeOptions = DecodeOptions()  # the server's own (its decoding flags); requests add sampling
 
 
 @dataclass
 class CompletionRequest:
     """One checked request, ready for the worker."""
 
-    chat: bool  # /v1/chat/completions, else /v1/completions
+    chat: bool  # a chat (/v1/chat/completions, /v1/messages), else a text completion (/v1/completions)
     prompt: list[int]
     max_tokens: int
     options: DecodeOptions = DecodeOptions()
@@ -102,6 +103,7 @@ def _number(body: dict, name: str, default: float) -> float:
 
 
 def integer(body: dict, name: str) -> Optional[int]:
+    """An integer field (absent: None; a whole float such as 5.0 is taken)."""
     value = body.get(name)
     if value is None:
         return None

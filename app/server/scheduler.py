@@ -2,7 +2,7 @@
 
 Everything runs on the worker's one thread (`worker.Worker`, which owns the model, the
 drafter, the prompt-cache pool and the inbox); the scheduler decides what that thread
-does next. A request alone decodes speculatively with the drafter, as before. When
+does next. A request alone decodes speculatively with the drafter (the one-sequence loop). When
 another arrives, the running one stops at the end of its cycle and both go on as rows of
 one `dflash_mlx.batch_spec.BatchSpeculator`, every row with its own sampling; newcomers
 join while there is room (`max_batch` rows, the rest wait in order), their prompts
@@ -42,8 +42,8 @@ stop and finish reason never depend on who shared the batch. Its `stats` count e
 cycle: its speculative ones alone, and each batch cycle at its width with the drafts
 the row accepted and took.
 
-`policy` says when requests are served one at a time instead (today's path in
-`worker`): `--max-batch 1`, under `mlx.launch`, a quantized KV cache, a target family
+`policy` says when requests are served one at a time instead (`Worker._generate`):
+`--max-batch 1`, under `mlx.launch`, a quantized KV cache, a target family
 with no tested batch form (`dflash_mlx.batch.refusal`).
 """
 

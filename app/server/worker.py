@@ -115,6 +115,7 @@ class Worker(ModelThread):
             the sampling ones.
         default_max_tokens: for requests that do not set one.
         max_queue: requests waiting at most (beyond that `submit` raises `QueueFull`).
+        cache_slots: prompt caches kept (`CachePool`'s size).
         no_draft: decode with the target alone.
         draft_vocab: the drafter's draft vocabulary file, "none", or None for its own.
         max_batch: requests decoded together at most (1: one at a time).
@@ -169,6 +170,7 @@ class Worker(ModelThread):
 
     @property
     def waiting(self) -> int:
+        """Requests queued and not started."""
         return self.inbox.qsize()
 
     @property
