@@ -74,6 +74,7 @@ class ModelThread:
     # ---- any thread
 
     def start_thread(self) -> None:
+        """Start the thread (`setup`, then the inbox's items)."""
         self._thread.start()
 
     def join_thread(self) -> None:
@@ -98,6 +99,7 @@ class ModelThread:
         """Runs on the thread before the first item."""
 
     def handle(self, item: Any) -> None:
+        """Run one inbox item (the subclass's); an exception becomes `failed`."""
         raise NotImplementedError
 
     def failed(self, item: Any, message: str) -> None:

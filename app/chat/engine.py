@@ -99,14 +99,17 @@ class Snapshot:
 
     @property
     def acceptance_rate(self) -> float:
+        """Share of the drafted tokens that were accepted."""
         return self.accepted_drafted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def prefilled(self) -> int:
+        """Prompt tokens run through the target (not reused from the cache)."""
         return self.prompt_tokens - self.prompt_cached
 
     @property
     def target_tokens(self) -> int:
+        """Reply tokens the target produced itself (not from accepted drafts)."""
         return self.generation_tokens - self.draft_tokens_out
 
 
@@ -119,6 +122,8 @@ class Status:
 
 @dataclass(frozen=True)
 class Loaded:
+    """A target (and its drafter, if one loaded) is ready: a new conversation starts."""
+
     model: str
     draft: str | None  # None: no drafter, target-only decoding
     prefix: int = 0  # tokens of the saved prompt cache the conversation starts after
@@ -127,12 +132,16 @@ class Loaded:
 
 @dataclass(frozen=True)
 class Prefill:
+    """Prefill progress: `done` of `total` prompt tokens."""
+
     done: int
     total: int
 
 
 @dataclass(frozen=True)
 class Token:
+    """New text of the reply, whether an accepted draft wrote it, and the numbers so far."""
+
     text: str
     from_draft: bool
     stats: Snapshot
@@ -140,13 +149,15 @@ class Token:
 
 @dataclass(frozen=True)
 class Finished:
+    """The reply ended: its final numbers and why."""
+
     stats: Snapshot
     reason: str  # "stop" | "length" | "stopped" (by the user)
 
 
 @dataclass(frozen=True)
 class Cleared:
-    pass
+    """The conversation's KV state is forgotten (`clear`)."""
 
 
 Event = Status | Loaded | Prefill | Token | Finished | Failed | Cleared
@@ -180,9 +191,11 @@ class Engine(ModelThread):
     # ---- UI side
 
     def start(self) -> None:
+        """Start the worker thread."""
         self.start_thread()
 
     def load(self, model: str | None = None, draft: str | None = None, draft_vocab: str | None = None) -> None:
+        """Queue loading a target and its drafter (None: the defaults); `Loaded` or `Failed` follows."""
         self.inbox.put(("load", model, draft, draft_vocab))
 
     def generate(self, messages: list[dict], settings: Settings) -> int:
@@ -203,6 +216,7 @@ class Engine(ModelThread):
         self.inbox.put(("clear",))
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop any generation and end the thread, waiting up to `timeout` seconds."""
         self.stop()
         self.stop_thread(timeout)
 

@@ -1,8 +1,9 @@
 """The `dflash-chat` command: its flags, the app they ask for, and the console script.
 
-dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--temp T] [--top-p P]
-            [--top-k K] [--block-size B] [--tree-budget N] [--lookup N] [--max-tokens N] [--system TEXT]
-            [--no-draft] [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N] [--prompt-cache-file FILE]
+dflash-chat [--model PATH_OR_REPO] [--draft PATH_OR_REPO] [--draft-vocab FILE|none] [--temp T] [--top-p P]
+            [--top-k K] [--block-size B] [--tree-budget N] [--lookup N] [--no-kernels] [--max-tokens N]
+            [--system TEXT] [--no-draft] [--kv-bits N] [--kv-group-size G] [--quantized-kv-start N]
+            [--prompt-cache-file FILE] [--version]
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ class Totals:
             self.accepted += s.accepted_drafted_tokens
 
     def line(self) -> str:
+        """The session line of `/stats`."""
         rate = self.accepted / self.drafted if self.drafted else 0.0
         return (
             f"Session: {self.replies} replies, {self.tokens} tokens, τ {tau(self.committed, self.cycles):.2f} over "
@@ -64,10 +65,12 @@ class Session:
     totals: Totals = field(default_factory=Totals)
 
     def ask(self, text: str) -> None:
+        """Add the user's message."""
         self.messages.append({"role": "user", "content": text})
         self.log.append(("you", text))
 
     def answer(self, text: str) -> None:
+        """Add the assistant's reply."""
         self.messages.append({"role": "assistant", "content": text})
         self.log.append(("assistant", text))
 
@@ -86,6 +89,7 @@ class Session:
         return True
 
     def clear(self) -> None:
+        """Forget the conversation and its transcript (the totals stay)."""
         self.messages.clear()
         self.log.clear()
 
