@@ -67,12 +67,15 @@ _STRIPPED_PREFIXES = ("module.", "_orig_mod.")
 
 @dataclass
 class TensorInfo:
+    """A stored tensor's shape and dtype (read from a header, not loaded) and the file holding it."""
+
     shape: tuple[int, ...]
     dtype: str  # numpy-style name: "bfloat16", "float32", "uint32", ...
     file: Path
 
     @property
     def is_float(self) -> bool:
+        """Whether it is floating-point (weights, as opposed to packed quantized ints)."""
         return self.dtype in _FLOATING
 
 

@@ -6,6 +6,7 @@ safetensors or a PyTorch state dict) -> a ready MLX drafter directory::
     OUTPUT_DIR/config.json         z-lab's config layout (+ "quantization" when -q)
     OUTPUT_DIR/model.safetensors   MLX weights, z-lab key names, in --dtype
     OUTPUT_DIR/README.md           model card: source, revision, dtype, the command
+    OUTPUT_DIR/draft_vocab.json    the source's draft vocabulary, checked, where it has one
 
 Everything is validated before anything is written (config fields, every tensor's
 presence, name, shape and dtype, and with --target the drafter/target pair); the output
@@ -18,8 +19,8 @@ replaced with --force.
 
 export: an MLX drafter directory -> z-lab's layout (config.json with
 ``architectures: ["DFlashDraftModel"]`` or ``["DFlash2DraftModel"]``, bfloat16
-``model.safetensors``, same keys), which SGLang, vLLM and z-lab's PyTorch
-``DFlash[2]DraftModel.from_pretrained`` load.
+``model.safetensors``, same keys, and the draft vocabulary if any), which SGLang, vLLM and
+z-lab's PyTorch ``DFlash[2]DraftModel.from_pretrained`` load.
 Quantized drafters are dequantized first.
 """
 
