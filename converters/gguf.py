@@ -95,7 +95,8 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)$")
 
 
 def dequantize_tensor(tensors: dict[str, mx.array], name: str, dtype: mx.Dtype = mx.float32) -> mx.array:
-    """Return GGUF tensor ``name`` (e.g. ``"blk.0.attn_q"``) as a dense ``dtype`` array.
+    """Return GGUF tensor ``name`` (e.g. ``"blk.0.attn_q"``) as a dense ``dtype`` array of its
+    logical shape ((out, in) for a projection: packed uint32 columns expanded).
 
     Quantized tensors are expanded with :func:`mlx.core.dequantize` (group size 32; the
     bit width is ``packed_width * 32 // columns``). Scales and biases are widened to
@@ -119,7 +120,8 @@ def dequantize_tensor(tensors: dict[str, mx.array], name: str, dtype: mx.Dtype =
 
 
 def unpermute_rope_rows(weight: mx.array, n_heads: int) -> mx.array:
-    """Undo llama.cpp's per-head rotary row reordering of a Q or K projection.
+    """Undo llama.cpp's per-head rotary row reordering of a Q or K projection `weight`
+    (n_heads * head_dim, in); the same shape comes back.
 
     In a GGUF file, row ``2*j + i`` of each head (``i`` in {0, 1}, ``j < head_dim/2``)
     holds what Hugging Face keeps at row ``i*head_dim/2 + j``: rotary pairs are
