@@ -2,15 +2,16 @@
 
 Everything runs on the worker's one thread (`worker.Worker`, which owns the model, the
 drafter, the prompt-cache pool and the inbox); the scheduler decides what that thread
-does next. A request alone decodes speculatively with the drafter (the one-sequence loop). When
-another arrives, the running one stops at the end of its cycle and both go on as rows of
-one `dflash_mlx.batch_spec.BatchSpeculator`, every row with its own sampling; newcomers
-join while there is room (`max_batch` rows, the rest wait in order), their prompts
-prefilled one chunk between two batch cycles so that a long prompt does not stall the
-others. The rows speculate: each cycle is a plain batched step or a drafted block per
-row verified in one target forward, its width (`widths_up_to`: 1, 4 or the block size) chosen
-from the rows' acceptance and the (rows, width) cost table, then the costs measured,
-which the scheduler keeps from one batch to the next. Sliding-window families and a
+does next. A request alone decodes speculatively with the drafter (the one-sequence
+loop). When another arrives, the running one stops at the end of its cycle and both go on
+as rows of one `dflash_mlx.batch_spec.BatchSpeculator`, every row with its own sampling;
+newcomers join while there is room (`max_batch` rows, the rest wait in order), their
+prompts prefilled one chunk between two batch cycles so that a long prompt does not stall
+the others. The rows speculate: each cycle is a plain batched step or a drafted block per
+row (or prompt lookup's guess from the row's own tokens, where its record says that
+promises more: `--lookup`) verified in one target forward, its width (`widths_up_to`: 1,
+4 or the block size) chosen from the rows' acceptance and the (rows, width) cost table,
+then the costs measured, which the scheduler keeps from one batch to the next. Sliding-window families and a
 server without a drafter take plain batched steps (`batch_spec.speculation_refusal`).
 A cycle commits 1 .. width tokens per row, taken one by one as alone: a row leaves at
 its end (EOS, a stop string, `max_tokens`, even inside a block: the block's later
