@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=version_line())
     p.add_argument("--model", default=None, help="Target model path or HF repo (default: built-in).")
-    p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the target's).")
+    p.add_argument("--draft", default=None, help="DFlash drafter path or HF repo (default: the shipped one).")
     p.add_argument("--max-tokens", type=int, default=512, help="Most tokens per reply.")
     p.add_argument("--system", default=None, help="System prompt.")
     p.add_argument("--draft-vocab", default=None, help="Draft vocabulary file, or 'none' (default: the drafter's own).")
