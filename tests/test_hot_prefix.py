@@ -54,6 +54,20 @@ def test_the_pool_gives_a_hot_prefix_its_cache_while_there_is_room():
     assert pool.take([1, 2, 3, 8]) is a  # 3 shared: a's cache, trimmed there by the loop
 
 
+def test_the_pool_takes_the_least_recently_used_of_equal_prefixes():
+    class Cache:
+        def __init__(self):
+            self.tokens = []
+
+    pool = CachePool(Cache, size=3, hot=3)
+    caches = []
+    for n in (10, 20, 30):  # three conversations after one system prompt, the latest last
+        caches.append(pool.take([n]))
+        caches[-1].tokens = [1, 2, 3, n]
+    assert pool.take([1, 2, 3, 40]) is caches[0]  # the oldest gives way, not the one that just ran
+    assert pool.take([1, 2, 3, 20, 5]) is caches[1]  # a conversation's next turn still takes its own
+
+
 def test_a_long_prompt_logs_its_prefill_progress():
     lines = []
     progress = Worker(log=lines.append).prefill_progress()

@@ -11,11 +11,12 @@ queue, fed thread-safely.
 Prompt caches: a few are kept (`CachePool`). A request that extends a conversation whose
 tokens a cache holds (the next turn of a chat) continues that cache and prefills only
 the new messages. One that shares at least `HOT_PREFIX` tokens with a cache (an agent's
-system prompt and tools, sent again with other messages after them) takes that cache:
-it is trimmed back to the shared prefix and only the rest is prefilled (a hybrid target
-goes back to a snapshot there, `dflash_mlx.cache`); the conversation it held then keeps
-that prefix only. Any other request takes a fresh cache while there is room, else the
-one that shares the longest prefix with it. `usage.prompt_tokens_details.cached_tokens`
+system prompt and tools, sent again with other messages after them) takes that cache (of
+several such, the least recently used: the latest conversations keep theirs): it is
+trimmed back to the shared prefix and only the rest is prefilled (a hybrid target goes
+back to a snapshot there, `dflash_mlx.cache`); the conversation it held then keeps that
+prefix only. Any other request takes a fresh cache while there is room, else the one
+that shares the longest prefix with it. `usage.prompt_tokens_details.cached_tokens`
 says how many prompt tokens were not prefilled.
 
 A prompt is prefilled in chunks (`dflash_mlx.PREFILL_STEP` tokens); one longer than a chunk
@@ -91,7 +92,8 @@ class CachePool:
     def take(self, prompt: Sequence[int]) -> Any:
         """The cache to decode `prompt` with (marked most recently used)."""
         scored = [(self._shared(c.tokens, prompt), i) for i, c in enumerate(self.caches)]
-        best = max(scored, default=None)
+        # Ties go to the least recently used cache: the latest conversations keep theirs.
+        best = max(scored, key=lambda s: (s[0], -s[1]), default=None)
         extends = best is not None and best[0] == len(self.caches[best[1]].tokens) and best[0] > 0
         if extends or (best is not None and (best[0] >= self.hot or len(self.caches) >= self.size)):
             cache = self.caches.pop(best[1])
