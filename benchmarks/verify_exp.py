@@ -12,9 +12,9 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from dflash_mlx import load, load_draft, make_prompt_cache
+from dflash_mlx import load, load_draft
 from dflash_mlx.kernels.choice import seconds
 from dflash_mlx.targets import make_target
 
@@ -53,9 +53,9 @@ def verify_ms(target, cache, tokens: mx.array) -> float:
     head, the cache trimmed back after each."""
 
     def verify() -> None:
-        hidden, features = target.forward(tokens, cache.target)
+        hidden, features = target.forward(tokens, cache)
         mx.eval(target.lm_head(hidden), features)
-        trim_prompt_cache(cache.target, tokens.shape[1])
+        trim_prompt_cache(cache, tokens.shape[1])
 
     return median_ms(verify)
 
@@ -64,10 +64,10 @@ def main() -> None:
     model, tokenizer = load()
     drafter = load_draft(None, model=model)
     target = make_target(model, drafter.config.target_layer_ids)
-    cache = make_prompt_cache(model, drafter)
+    cache = make_prompt_cache(model)  # the target's own KV cache
     context = tokenizer.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 12)[:CONTEXT]
-    target.forward(mx.array(context)[None], cache.target)
-    mx.eval([c.state for c in cache.target])
+    target.forward(mx.array(context)[None], cache)
+    mx.eval([c.state for c in cache])
     args = model.args
     for b in (1, 16):
         verify = verify_ms(target, cache, mx.array([context[-b:]]))  # (1, b)

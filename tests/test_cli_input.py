@@ -34,6 +34,8 @@ BEFORE_LOADING = [
     (["bench", "speed", "--fixed", "4,x"], ["--fixed must be comma-separated integers", "4,x"]),
     (["bench", "speed", "--tree-budget", "a"], ["--tree-budget must be comma-separated integers"]),
     (["bench", "context", "--lengths", "512,lots"], ["--lengths must be comma-separated integers"]),
+    (["bench", "context", "--plot", f"{NOWHERE}/x.png"], ["--plot", NOWHERE]),
+    (["bench", "concurrency", "2", "--plot", f"{NOWHERE}/x.png"], ["--plot", NOWHERE]),
     (["cache-prompt", "-p", "prefix", "-o", f"{NOWHERE}/x"], ["--output", NOWHERE]),
     (["generate", "-p", ""], ["--prompt is empty"]),
     (["generate", "-p", "  "], ["--prompt is empty"]),
@@ -60,6 +62,13 @@ def _assert_one_line(result, words) -> None:
 def test_checked_before_loading(args, words):
     result = CliRunner().invoke(app, [*args, *NO_MODEL])
     _assert_one_line(result, words)
+
+
+@pytest.mark.parametrize("bench", [["context"], ["concurrency", "2"]])
+def test_a_plot_without_matplotlib_is_refused_before_loading(bench, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails, as where it is absent
+    result = CliRunner().invoke(app, ["bench", *bench, "--plot", str(tmp_path / "x.png"), *NO_MODEL])
+    _assert_one_line(result, ["matplotlib"])
 
 
 def test_a_model_directory_without_config(tmp_path):

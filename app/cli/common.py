@@ -75,6 +75,15 @@ def writable(path: Optional[Path], flag: str) -> None:
         raise PermissionError(f"{flag} {path}: the directory {folder} is not writable")
 
 
+def plottable(path: Optional[Path], flag: str) -> None:
+    """Refuse a `flag` PNG that could not be drawn (unwritable, or no matplotlib), before any work."""
+    writable(path, flag)
+    if path is not None:
+        from dflash_mlx.train.curves import pyplot
+
+        pyplot()
+
+
 def write_json(report: dict, path: Optional[Path]) -> None:
     """A command's report as JSON at `path` (None: nowhere), checked by `writable` before the work."""
     if path is not None:

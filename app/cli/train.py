@@ -115,10 +115,9 @@ def data_command(
     typer.echo(f"done: {stats['records']} answers, {stats['tokens']} new tokens in {stats['seconds']:.0f}s -> {out}")
 
 
-#: `dflash train`'s options, one row each: (name, type, default, flags, help). Every one but
-#: data, out, target_layer_ids, init_from, features, resume_from, resume_point, no_progress and threads
-#: goes unchanged to the `TrainArgs` field of the same name (those are converted first; resume_from
-#: is restored into OUT and turns resume on; no_progress becomes `progress`).
+#: `dflash train`'s options, one row each: (name, type, default, flags, help). Each goes unchanged to
+#: the `TrainArgs` field of its name but data, out, target_layer_ids, init_from, features, resume_point,
+#: threads (converted first), resume_from (restored into OUT; turns resume on), no_progress (`progress`).
 TRAIN_OPTIONS = [
     ("data", Path, ..., ["--data", "-d"], "train.jsonl from `dflash data` (or its directory)."),
     ("out", Path, ..., ["--out", "-o"], "Drafter directory to write (loadable by load_draft)."),

@@ -21,7 +21,16 @@ from typing import List, Optional, Sequence
 import typer
 from typer.core import TyperGroup
 
-from app.cli.common import SHARDING_HELP, check_pair, integers, one_line_errors, positive, writable, write_json
+from app.cli.common import (
+    SHARDING_HELP,
+    check_pair,
+    integers,
+    one_line_errors,
+    plottable,
+    positive,
+    writable,
+    write_json,
+)
 from app.flags import KV_CACHE, decode_flags
 from dflash_mlx import DecodeOptions, read_prompt_sources
 
@@ -166,7 +175,7 @@ def context(
 
     positive(max_tokens, "--max-tokens")
     writable(json_out, "--json")
-    writable(plot, "--plot")
+    plottable(plot, "--plot")
     check_pair(model)
     sizes = integers(lengths, "--lengths")
     questions = read_prompts(prompts)[0] if prompts else QUESTIONS
@@ -256,7 +265,7 @@ def concurrency(
     for flag, value in (("--limit", limit), ("--max-tokens", max_tokens), ("--mlx-lm-batch", mlx_lm_batch)):
         positive(value, flag)
     writable(json_out, "--json")
-    writable(plot, "--plot")
+    plottable(plot, "--plot")
     texts = read_prompts(prompts)[0][:limit]
     with Console(stderr=True).status("benchmarking concurrency") as status:
         report = run_concurrency_bench(

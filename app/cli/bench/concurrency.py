@@ -210,10 +210,9 @@ def concurrency_table(report: dict) -> str:
 
 def plot_concurrency(report: dict, path: Path) -> None:
     """Aggregate tokens/s against clients, both servers, into a PNG."""
-    import matplotlib
+    from dflash_mlx.train.curves import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     clients = [row["clients"] for row in report["rows"]]
     fig, ax = plt.subplots(figsize=(6, 4))
