@@ -132,7 +132,8 @@ class BatchSpeculator(BatchDecoder):
     `cycle()` (whichever `chooser` expects to commit the most tokens per second).
 
     `add` a row with its drafter context cache (what the loop's prefill leaves in it);
-    `remove`, `extract` and `context` as in `BatchDecoder`. The models are never changed."""
+    `remove` and `extract` as in `BatchDecoder`, and `context` for the row's drafter
+    context cache. The models are never changed."""
 
     def __init__(self, model: nn.Module, drafter: Optional[Drafter], chooser: Optional[BatchWidth] = None):
         super().__init__(model)

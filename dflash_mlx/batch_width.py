@@ -88,7 +88,8 @@ class BatchWidth:
 
     def relative(self, rows: int, width: int) -> float:
         """The seed table's cost of (rows, width) over (rows, 1): interpolated between the
-        table's row counts, and between width 1 (cost 1) and its widths (flat past them)."""
+        table's row counts (flat past them), and between width 1 (cost 1) and its widths
+        (extended along the last segment past the widest: `_extend`)."""
         if width == 1:
             return 1.0
         by_rows: dict[int, dict[int, float]] = {}

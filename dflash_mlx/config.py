@@ -20,7 +20,8 @@ from .drafters import config_class, config_from_dict
 __all__ = ["check_config", "parse_config", "parse_layer_ids"]
 
 # dflash_config fields that scale the drafter's input and output (gemma-4 drafters), with
-# whether 0 is allowed (a soft cap of 0 means none); `Drafter.propose` applies them.
+# whether 0 is allowed (a soft cap of 0 means none); `Drafter.embed_blocks` applies the input
+# scale, `Drafter.head` the output multiplier and the soft cap.
 _SCALE_FIELDS = {"input_embedding_scale": False, "output_multiplier": False, "final_logit_softcapping": True}
 
 

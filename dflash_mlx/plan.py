@@ -3,8 +3,8 @@
 A generation decodes one of three ways: the target alone (no drafter: plain steps), a
 fixed width (a chain of `block_size`, or a tree of `tree_budget` nodes), or an adaptive
 policy that chooses each cycle's width (`policy.BlockSizePolicy`, or `tree_policy.TreePolicy`
-where the pair verifies trees). This is the one place that reads `block_size` and
-`tree_budget`: the widths a cycle may verify, the drafter block its drafts come from and
+where the pair verifies trees). This is the one place in the loop that reads `block_size`
+and `tree_budget`: the widths a cycle may verify, the drafter block its drafts come from and
 the depths of its trees are all the plan's answers.
 """
 

@@ -10,8 +10,12 @@
 - `initialize`: the drafter's config and first weights (warm start from the target);
 - `objective`: anchored blocks, the block-parallel forward, the losses;
 - `loop`: optimiser, schedule, checkpoints and exact resume (`dflash train`);
+- `checkpoint`: the run's arguments and state, its checkpoint and compact resume point;
+- `progress`: the running numbers between log lines and the progress bars;
 - `threads`: OpenBLAS threads, fixed or following the shared CPU lock (`--threads auto`);
-- `evaluate`: acceptance length on held-out prompts (`dflash eval`).
+- `evaluate`: acceptance length on held-out prompts (`dflash eval`);
+- `replay`: held-out greedy tau by replaying a drafter along the target's own answers;
+- `curves`: held-out tau against core-hours per run, and the fit that ranks recipes.
 """
 
 from .initialize import default_mask_token_id, make_config, warm_start

@@ -31,7 +31,8 @@ def evaluate(
 ) -> dict:
     """Run every prompt at every temperature with a fixed block (the drafter's B unless
     given) and no prompt lookup: tau measures the drafter, not the policy nor the lookup; returns
-    {temp: {source: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}}."""
+    {temp: {kind: {tau, histogram, position_acceptance, cycles, tokens, ...}, "all": {...}}},
+    the kind a prompt's `set`, else its `source` (`messages.prompt_kind`)."""
     from ..speculative import stream_generate
 
     fixed = DecodeOptions(block_size=block_size, lookup=0).fixed(drafter)
