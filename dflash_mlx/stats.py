@@ -56,7 +56,8 @@ class GenerationStats:
 
     @property
     def mean_acceptance(self) -> float:
-        """tau: mean tokens committed per draft/verify cycle (1 .. block_size)."""
+        """tau: mean tokens committed per draft/verify cycle (at least 1; a tree cycle can
+        commit more than block_size where prompt lookup's guess runs past the block)."""
         return tau(self.committed, len(self.accepted_lengths))
 
     @property
@@ -71,6 +72,7 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float:
+        """Tokens given to the caller per second of `generation_time` (0 before any)."""
         return self.generated_tokens / self.generation_time if self.generation_time else 0.0
 
     @property
@@ -111,7 +113,7 @@ class GenerationStats:
     ) -> None:
         """Count one cycle that verified `size` tokens (a tree: `size - 1` nodes; `guessed`:
         a chain of prompt lookup's guess), accepted `accepted` drafts and took `seconds`,
-        `drafting` of them drafting (0 unless profiled: then verify_time holds both)."""
+        `drafting` of them drafting (0 unless profiled; unprofiled, verify_time holds both)."""
         self.draft_time += drafting
         self.verify_time += seconds - drafting
         self.cycles += 1

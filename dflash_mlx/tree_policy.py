@@ -9,7 +9,7 @@ their own. Pure Python, no MLX: unit-tested on synthetic streams.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .acceptance import Cost, charge
 from .policy import BlockSizePolicy, Width, fit_line, probe_budget
@@ -26,9 +26,10 @@ def tree_prior(nodes: int) -> float:
 
 
 class TreePolicy(BlockSizePolicy):
-    """A `BlockSizePolicy` whose chosen chain a draft tree of `trees` nodes (depth <= max_size
-    - 1) may replace: the chain decisions (estimates, probes) are exactly the chain policy's,
-    and a tree is an upgrade weighed against the chain chosen.
+    """A `BlockSizePolicy` whose chosen chain a draft tree of `trees` nodes may replace (the
+    drafter's candidates at most max_size - 1 deep; prompt lookup's guess, a path of its own,
+    may go deeper: `plan.Plan.depths`): the chain decisions (estimates, probes) are exactly
+    the chain policy's, and a tree is an upgrade weighed against the chain chosen.
 
     Expected tokens of a tree of n nodes: a calibrated ratio r(n) times what the chain of
     min(n + 1, max_size) rows is expected to commit (the chain's acceptance estimates).
@@ -60,7 +61,7 @@ class TreePolicy(BlockSizePolicy):
         walk_memory: float = 0.97,
         margin: float = 0.05,
         tree_explore: float = 0.01,
-        **kwargs,
+        **kwargs: Any,
     ):
         super().__init__(max_size, **kwargs)
         self.trees = sorted({n for n in trees if n >= 1}) if max_size > 1 else []
@@ -95,6 +96,8 @@ class TreePolicy(BlockSizePolicy):
         return tree_prior(nodes) * own(near) / tree_prior(near)
 
     def expected(self, width: Width) -> float:
+        """Expected tokens a cycle of `width` commits: a chain's estimate, or r(n) times the
+        estimate of the chain of as many rows (at most the block)."""
         if not width.tree:
             return self.chain_expected(width.size)
         return self.ratio(width.nodes) * self.chain_expected(min(width.size, self.max_size))
@@ -124,6 +127,9 @@ class TreePolicy(BlockSizePolicy):
         return sorted(((self.rate(Width(n + 1, True), costs), Width(n + 1, True)) for n in self.trees), reverse=True)
 
     def choose_width(self, limit: Optional[int] = None) -> Width:
+        """The next cycle: the chain policy's choice, a tree in its place where the tree's
+        expected rate beats it by `margin`, or a tree probe (chains only near the end of a
+        generation, `limit` below the block, and before any cycle is timed)."""
         chain = Width(self.choose(limit))
         self.tree_probe = None
         if not self.trees or not self.seconds or (limit is not None and limit < self.max_size):

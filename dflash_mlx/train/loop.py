@@ -66,8 +66,8 @@ def lr_at(args: TrainArgs, spent: float) -> float:
 
 
 class Trainer:
-    """One training run (see the module docstring). `run()` trains until the step or time
-    budget is spent and returns the final stats."""
+    """One training run (see the module docstring). `run()` trains until its budget (steps,
+    wall time or core-hours: `budget_spent`) is spent and returns the final stats."""
 
     def __init__(self, args: TrainArgs, log: Callable[[str], None] = print):
         from ..loading import load  # looked up at call time: tests substitute a tiny target
@@ -321,6 +321,8 @@ class Trainer:
         return {**where, **self.heldout_tau()}
 
     def run(self) -> dict:
+        """Train until the budget is spent, logging, evaluating and checkpointing on the way;
+        the final stats (step, elapsed, core seconds, the log's records, the drafter)."""
         a, st = self.args, self.state
         if self.rank == 0:
             self.log(self.describe())
