@@ -71,10 +71,12 @@ class GuessRecord:
 
     @property
     def probability(self) -> float:
+        """The chance that the next guessed token is right (1/2 before any)."""
         return (self.hits + 1) / (self.tries + 2)
 
     @property
     def logprob(self) -> float:
+        """log(`probability`): a guessed token's score in a draft tree (`tree.build_tree`)."""
         return math.log(self.probability)
 
     def observe(self, guess: Sequence[int], committed: Sequence[int]) -> None:

@@ -46,7 +46,7 @@ class Cycle:
 
     size: int  # tokens verified (1: a plain step; 0: the prefill)
     accepted: int
-    logprobs: list[mx.array]
+    logprobs: list[mx.array]  # the target's log-probabilities (V,) of each committed token
     drafting: float = 0.0  # seconds of it spent drafting (profiling only)
     tokens: list[int] = field(default_factory=list)  # the committed tokens, once on the host
     queued: Optional[mx.array] = None  # a queued step's token (a lazy scalar), until read

@@ -194,6 +194,9 @@ def check_fit(config: DrafterConfig, *, num_layers: int, hidden_size: int, vocab
 
 
 class Attention(nn.Module):
+    """A drafter layer's attention: the block's queries over the context's K/V and the
+    block's own (Qwen3's: per-head q/k norms, RoPE), with no cache of the block."""
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -237,6 +240,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """A drafter layer's SwiGLU MLP."""
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -244,10 +249,13 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
+        """x (..., hidden) -> (..., hidden)."""
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
+    """A pre-norm drafter layer: attention over the injected context and the block, then the MLP."""
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -258,6 +266,7 @@ class DecoderLayer(nn.Module):
     def __call__(
         self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
     ) -> mx.array:
+        """x (N, B, hidden) blocks at positions offset..; context, offset and mask as `Attention` takes them."""
         h = x + self.self_attn(self.input_layernorm(x), context, offset, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -62,11 +62,13 @@ class Drafter2Config(DrafterConfig):
         return cls(**values)
 
     def to_dict(self) -> dict:
+        """v1's config.json layout, with the DFlash2 fields under `dflash_config`."""
         out = super().to_dict()
         out["dflash_config"].update({k: getattr(self, k) for k in DFLASH2_FIELDS})
         return out
 
     def make_drafter(self) -> "Drafter2":
+        """A DFlash2 drafter of this config, with freshly initialised weights."""
         return Drafter2(self)
 
 
@@ -105,6 +107,7 @@ class DynamicCausalConv(nn.Module):
         return grouped_causal_conv(x, dynamic[:, :, 0], self.base_kernel[0], self.group_size), dynamic[:, :, 1]
 
     def after(self, y: mx.array, dynamic: mx.array) -> mx.array:
+        """The sublayer's output y (N, L, hidden), filtered with the kernels `before` made."""
         return grouped_causal_conv(y, dynamic, self.base_kernel[1], self.group_size)
 
     def make_identity(self) -> None:
@@ -126,6 +129,7 @@ class DecoderLayer2(DecoderLayer):
     def __call__(
         self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
     ) -> mx.array:
+        """As `DecoderLayer.__call__`, each sublayer between its two convolutions."""
         h, kernel = self.attention_conv.before(self.input_layernorm(x))
         x = x + self.attention_conv.after(self.self_attn(h, context, offset, mask), kernel)
         h, kernel = self.mlp_conv.before(self.post_attention_layernorm(x))

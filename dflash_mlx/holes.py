@@ -22,7 +22,7 @@ waits for the device, and `punch` runs on every layer after every verify.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -79,7 +79,7 @@ class HoleKVCache(BatchKVCache):
             if self.hole_bound > COMPACT_SHARE * self._idx:
                 self.compact()
 
-    def make_mask(self, N: int, return_array: bool = False, **kwargs) -> mx.array:
+    def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:
         """mlx-lm's mask (B, 1, N, _idx + N) for N new tokens, with the holes masked too."""
         mask = super().make_mask(N, return_array=return_array, **kwargs)
         if self.holes is None:

@@ -38,9 +38,11 @@ class ResolvedSource:
 
     @property
     def is_hub(self) -> bool:
+        """Whether the files came from the Hub (else a local directory)."""
         return self.repo_id is not None
 
     def describe(self) -> str:
+        """The source as a person reads it: the path, or ``repo@revision (commit)``."""
         if not self.is_hub:
             return str(self.path)
         rev = self.revision or "main"

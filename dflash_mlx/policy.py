@@ -51,6 +51,7 @@ class Width(NamedTuple):
 
     @property
     def nodes(self) -> int:
+        """Tokens verified below the last committed one: a chain's drafts, a tree's nodes."""
         return self.size - 1
 
     def __str__(self) -> str:

@@ -44,6 +44,7 @@ def filter_logprobs(logprobs: mx.array, top_p: float = 1.0, top_k: int = 0) -> m
 
 
 def log_softmax(logits: mx.array) -> mx.array:
+    """Log-probabilities (..., V) in float32 of logits (..., V) of any float dtype."""
     logits = logits.astype(mx.float32)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
@@ -82,6 +83,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Whether tokens are the argmax of the logits (`temp == 0`)."""
         return self.temp == 0
 
     def draws(self, start: int) -> "Draws":
@@ -103,10 +105,12 @@ class Draws:
 
     @property
     def greedy(self) -> bool:
+        """Whether the choices are the argmax of the logits (no noise)."""
         return self.params.greedy
 
     @property
     def temp(self) -> float:
+        """The sampling temperature."""
         return self.params.temp
 
     def noise(self, n: int, vocab: int) -> mx.array:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Generator, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Generator, Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -87,10 +87,10 @@ def generate_step(
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     stats: Optional[GenerationStats] = None,
     policy: Optional[BlockSizePolicy] = None,
-    **changes,
+    **changes: Any,
 ) -> Generator[tuple[list[int], int, list[mx.array]], None, None]:
     """Yield, per cycle, the committed tokens, how many of them are accepted drafts
-    (they come first), and the target's log-probabilities for each. Runs forever: the
+    (they come first), and the target's log-probabilities (V,) for each. Runs forever: the
     caller stops. With `max_tokens`, blocks shrink near the end so nothing past it is
     verified. With `draft_model=None` the target decodes alone, one token a cycle.
 
@@ -181,7 +181,7 @@ class _Clock:
 
 def stream_generate(
     model: nn.Module,
-    tokenizer,
+    tokenizer: Any,
     prompt: Union[str, Sequence[int], mx.array],
     draft_model: Optional[Drafter] = None,
     options: Optional[DecodeOptions] = None,
@@ -191,11 +191,12 @@ def stream_generate(
     prompt_cache: Optional[PromptState] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     policy: Optional[BlockSizePolicy] = None,
-    **changes,
+    **changes: Any,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate with DFlash speculative decoding, one `GenerationResponse` per token.
 
-    `draft_model=None` decodes with the target alone. `options` (`DecodeOptions`) say how
+    `tokenizer`: mlx-lm's `TokenizerWrapper`, or a tokenizer it wraps. `draft_model=None`
+    decodes with the target alone. `options` (`DecodeOptions`) say how
     to decode; as in mlx-lm, its fields may also be given as keywords (`temp=0.7`,
     `block_size=8`, `kernels=False`, ...), applied on top. An adaptive block size
     (`block_size=None`) is chosen every cycle (see `BlockSizePolicy`; pass `policy` to
@@ -266,13 +267,13 @@ def _response(
 
 def generate(
     model: nn.Module,
-    tokenizer,
+    tokenizer: Any,
     prompt: Union[str, Sequence[int]],
     draft_model: Optional[Drafter] = None,
     options: Optional[DecodeOptions] = None,
     *,
     verbose: bool = False,
-    **kwargs,
+    **kwargs: Any,
 ) -> str:
     """Generate a complete response, taking `options` and keywords as `stream_generate`
     does; with `verbose`, stream it to stdout and print the stats (else print nothing)."""

@@ -75,10 +75,12 @@ class Target:
 
     @property
     def hidden_size(self) -> int:
+        """The width of the residual stream (each captured layer's share of the features)."""
         return self.args.hidden_size
 
     @property
     def vocab_size(self) -> int:
+        """The vocabulary size: the logits' last dimension."""
         return self.args.vocab_size
 
     def embed(self, tokens: mx.array) -> mx.array:

@@ -32,6 +32,7 @@ SUPPORTED_MODEL_TYPES = tuple(ADAPTERS)
 
 
 def model_type(model: nn.Module) -> str:
+    """mlx-lm's model type of `model` ("llama", "qwen3_5", ...)."""
     return getattr(model, "model_type", None) or getattr(model.args, "model_type", None)
 
 

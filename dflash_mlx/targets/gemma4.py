@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.gemma4_text import logit_softcap
 
 from ..rollback import Checkpoint
@@ -15,15 +16,19 @@ from ..target import Target
 
 
 class Gemma4Target(Target):
-    def __init__(self, model, capture_layers=()):
+    """The adapter of Gemma 4 targets (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, capture_layers: Sequence[int] = ()):
         super().__init__(model, capture_layers)
         self.window = self.body.window_size
         self.softcap = getattr(self.lm, "final_logit_softcapping", None)
 
     def layer_kinds(self) -> list[str]:
+        """Each layer's mask kind, from its `layer_type`."""
         return ["sliding" if layer.layer_type == "sliding_attention" else "full" for layer in self.layers]
 
     def lm_head(self, hidden: mx.array) -> mx.array:
+        """Logits as the model computes them: the output layer, then the tanh soft cap."""
         logits = self.head(hidden)
         return logit_softcap(self.softcap, logits) if self.softcap is not None else logits
 

@@ -22,7 +22,10 @@ from ..target import Target
 
 
 class HybridTarget(Target):
+    """The adapter of hybrid gated-delta targets (see the module docstring)."""
+
     def layer_kinds(self) -> list[str]:
+        """Each layer's mask kind: "linear" for a gated-delta layer, else "full"."""
         return ["linear" if layer.is_linear else "full" for layer in self.layers]
 
     def use_kernels(self, on: bool = True) -> "HybridTarget":

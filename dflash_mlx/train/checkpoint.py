@@ -23,6 +23,9 @@ from ..drafters import drafter_files, write_drafter_files
 
 @dataclass
 class TrainArgs:
+    """What a training run is asked to do (`dflash train`'s flags, as fields); saved with
+    every checkpoint."""
+
     data: str
     out: str
     model: Optional[str] = None
@@ -93,6 +96,7 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainState":
+        """The state saved in a checkpoint's state.json (keys it does not know are ignored)."""
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 

@@ -27,12 +27,14 @@ class Meter:
         self.reset()
 
     def reset(self) -> None:
+        """Start counting afresh (after a log line)."""
         self.correct, self.count = np.zeros(self.B), np.zeros(self.B)
         self.tau_sum = self.blocks = 0.0
         self.gnorm = 0.0
         self.t0, self.pos0 = time.perf_counter(), None
 
     def add(self, out: dict) -> None:
+        """Fold in one step's numbers (`Trainer.step`); the loss is a running average."""
         self.loss = out["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * out["loss"]
         self.correct += out["correct"]
         self.count += out["count"]
@@ -47,6 +49,7 @@ class Meter:
         return (st.positions - self.pos0) / max(time.perf_counter() - self.t0, 1e-9)
 
     def describe(self, st: TrainState, lr: float) -> str:
+        """The progress line: loss, accuracy at a few positions, tau, speed, learning rate."""
         acc = self.correct / np.maximum(self.count, 1)
         B = self.B
         self.last = (
@@ -58,6 +61,7 @@ class Meter:
         return self.last
 
     def record(self, st: TrainState, lr: float) -> dict:
+        """The numbers since the last reset as a `train_log.jsonl` record."""
         acc = self.correct / np.maximum(self.count, 1)
         return {
             "step": st.step,
@@ -106,6 +110,7 @@ class StepBar:
         return self
 
     def update(self, step: int, description: str) -> None:
+        """Move the bar to `step` done, with `description` beside it."""
         if self.progress:
             self.progress.update(self.task, completed=step, description=description)
 

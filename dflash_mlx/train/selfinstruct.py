@@ -23,7 +23,7 @@ import math
 import random
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .answers import answer_text, generate_answers
 from .data import iter_records
@@ -291,7 +291,7 @@ def write_instructions(
     threshold: float = 0.5,
     threads: Optional[int | str] = None,
     progress: bool = True,
-    log=print,
+    log: Callable[[str], None] = print,
 ) -> dict:
     """Have the target write until `out_file` holds `n` kept user messages (prompt records
     ``{"id": "si/<seed>/<request>", "source": "selfinstruct", "kind", "messages"}``, appended
