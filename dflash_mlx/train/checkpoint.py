@@ -119,10 +119,6 @@ def save_checkpoint(
         save_resume_point(out, Path(args.resume_point))
 
 
-#: The compact resume point's files (a directory that git keeps: see `save_resume_point`).
-RESUME_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "state.json", "train_log.jsonl")
-
-
 def save_resume_point(out: Path, dest: Path) -> None:
     """Copy `out`'s checkpoint into `dest` compactly, for a run that must survive a new
     machine: the weights in float16, AdamW's moments in bfloat16 (float16 would flush the
