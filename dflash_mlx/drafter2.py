@@ -14,7 +14,7 @@
   noise the target chooses that position with (sampling.py), so that they often agree.
 
 Everything else (attention with injected context, sliding-window layers, masks, the
-draft vocabulary, the cache) is the v1 drafter's, imported from `drafter.py`.
+draft vocabulary, the cache) is the v1 drafter's (`drafter.py`, `context_cache.py`).
 Parameter names follow z-lab's checkpoints: the codebooks are stored as plain tensors
 (`candidate_selector.predecessor_codebook`), and torch state dicts' `.weight` names load too.
 """

@@ -141,7 +141,8 @@ class DecodeOptions:
 
     def window(self, drafter: Any) -> Optional[int]:
         """The drafter's context window (None: unbounded): `draft_window`, else the config's
-        `sliding_window_size` (z-lab) or `sliding_window`, else `DRAFT_WINDOW`."""
+        `sliding_window_size` (z-lab) or, where some of its layers slide, `sliding_window`,
+        else `DRAFT_WINDOW`."""
         if self.draft_window is not None:
             return self.draft_window or None
         config = drafter.config

@@ -363,7 +363,8 @@ BUILTIN_SOURCES: dict[str, Callable[..., list[dict]]] = {
 
 
 def collect_prompts(sources: Sequence[str], seed: int = 0) -> list[dict]:
-    """Prompts from built-in source names and/or JSONL file paths."""
+    """Prompts from built-in source names and/or prompt files (`read_prompt_file`: JSONL
+    or plain text)."""
     out = []
     for s in sources:
         if s in BUILTIN_SOURCES:
