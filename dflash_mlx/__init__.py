@@ -57,4 +57,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
+    """The package's names, the public ones not yet imported included."""
     return sorted({*globals(), *__all__})

@@ -42,7 +42,7 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-#: The drafter's context window when its config has none: measured on a CPU (BENCHMARKS.md),
+#: The drafter's context window when its config has none: measured on a CPU (commit 987c3af),
 #: SmolLM2's one-layer drafter drafts in 12.4 / 15.4 / 18.9 / 25.5 / 38.0 ms over 256 / 1K /
 #: 2K / 4K / 7K tokens of context; 1024 keeps a draft within 1.25x its short-context cost
 #: at any length, and released drafters were trained on shorter sequences than that.

@@ -39,7 +39,7 @@ class Reference:
 
     kind: str
     prompt_len: int
-    tokens: list[int]  # the greedy continuation: `length` streamed tokens, then block_size more
+    tokens: list[int]  # the first max_tokens + block_size greedy tokens (a stream yields the first `length`)
     length: int  # tokens a stream with this max_tokens yields (through the first EOS)
     features: mx.array  # (1, prompt_len + len(tokens), k * hidden)
 
