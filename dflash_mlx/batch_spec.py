@@ -195,8 +195,10 @@ class BatchSpeculator(BatchDecoder):
         del self.contexts[uid]
 
     def context(self, uid: int) -> Optional[list[Any]]:
-        """Row `uid`'s drafter context cache, every token it has fed included (None: it
-        joined without one): with `extract`, what `add` takes to continue the row."""
+        """Row `uid`'s drafter context cache (None: it joined without one): with `extract`,
+        what `add` takes to continue the row. It holds every token the row has fed where the
+        batch's family speculates; where it does not (`family_refusal`), plain steps capture
+        no features and it holds what the row joined with."""
         self._index(uid)
         ctx = self.contexts[uid]
         self._flush(ctx)
