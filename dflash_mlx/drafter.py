@@ -1,11 +1,10 @@
 """The DFlash drafter: a few Qwen3 decoder layers that fill a whole block in one forward.
 
-Queries come only from the block ([last token, MASK, ..., MASK]). Keys and values are the
-block's own plus those of the *context*: features of the target's chosen layers,
-projected once by `fc` + `hidden_norm` and injected into every layer. Only context K/V are
-cached, so the cache never needs rolling back. Position k of the block predicts the token
-at position k. The drafter has no embedding and no lm_head: it borrows the target's.
-Parameter names follow z-lab's checkpoints exactly, so their weights load key by key.
+Queries come only from the block ([last token, MASK, ..., MASK]). Keys and values are the block's own plus those of
+the *context*: features of the target's chosen layers, projected once by `fc` + `hidden_norm` and injected into every
+layer. Only context K/V are cached, so the cache never needs rolling back. Position k of the block predicts the token
+at position k. The drafter has no embedding and no lm_head: it borrows the target's. Parameter names follow z-lab's
+checkpoints exactly, so their weights load key by key.
 """
 
 from __future__ import annotations
@@ -194,8 +193,7 @@ def check_fit(config: DrafterConfig, *, num_layers: int, hidden_size: int, vocab
 
 
 class Attention(nn.Module):
-    """A drafter layer's attention: the block's queries over the context's K/V and the
-    block's own (Qwen3's: per-head q/k norms, RoPE), with no cache of the block."""
+    """Qwen3 attention (q/k norms, RoPE) of a block's queries over the context's K/V and the block's own."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -249,12 +247,11 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        """x (..., hidden) -> (..., hidden)."""
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """A pre-norm drafter layer: attention over the injected context and the block, then the MLP."""
+    """A pre-norm layer on blocks x (N, B, hidden): attention over the context and the block, then the MLP."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -266,14 +263,12 @@ class DecoderLayer(nn.Module):
     def __call__(
         self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
     ) -> mx.array:
-        """x (N, B, hidden) blocks at positions offset..; context, offset and mask as `Attention` takes them."""
         h = x + self.self_attn(self.input_layernorm(x), context, offset, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Drafter(nn.Module):
-    """A DFlash v1 drafter. Feed it context with `append_context`, then call it on a
-    block's embeddings; apply the target's lm_head to the result."""
+    """A DFlash v1 drafter: context in by `append_context`, drafts out by `draft` / `candidates`."""
 
     layer_class: ClassVar[type] = DecoderLayer
 

@@ -129,7 +129,7 @@ class DecoderLayer2(DecoderLayer):
     def __call__(
         self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
     ) -> mx.array:
-        """As `DecoderLayer.__call__`, each sublayer between its two convolutions."""
+        """As a v1 layer's call, each sublayer between its two convolutions."""
         h, kernel = self.attention_conv.before(self.input_layernorm(x))
         x = x + self.attention_conv.after(self.self_attn(h, context, offset, mask), kernel)
         h, kernel = self.mlp_conv.before(self.post_attention_layernorm(x))
