@@ -127,9 +127,9 @@ class TreePolicy(BlockSizePolicy):
         return sorted(((self.rate(Width(n + 1, True), costs), Width(n + 1, True)) for n in self.trees), reverse=True)
 
     def choose_width(self, limit: Optional[int] = None) -> Width:
-        """The next cycle: the chain policy's choice, a tree in its place where the tree's
-        expected rate beats it by `margin`, or a tree probe (chains only near the end of a
-        generation, `limit` below the block, and before any cycle is timed)."""
+        """The next cycle: the chain policy's choice (its probe included), a tree in its place
+        where the tree's expected rate beats it by `margin`, or a tree probe; chains only
+        while `limit` is below the block (the end of a generation) or no chain is timed yet."""
         chain = Width(self.choose(limit))
         self.tree_probe = None
         if not self.trees or not self.seconds or (limit is not None and limit < self.max_size):
