@@ -40,6 +40,15 @@ class HoleKVCache(BatchKVCache):
         self.holes: Optional[mx.array] = None  # (B, n) bool: a hole at row r, slot j < n
         self.hole_bound = 0  # no row holds more holes than this (a host integer: see `punch`)
 
+    @classmethod
+    def merge(cls, caches: Sequence[KVCache]) -> "HoleKVCache":
+        """mlx-lm's merge of single-sequence caches into one batch, a `HoleKVCache` also
+        where every cache is empty (a one-token prompt: mlx-lm's own gives a plain
+        `BatchKVCache` then, which cannot roll its rows back one by one)."""
+        if max(c.size() for c in caches) == 0:
+            return cls([0] * len(caches))
+        return super().merge(caches)
+
     def _holes(self, width: int) -> mx.array:
         """The holes (B, width): cut or padded on the right with no holes."""
         rows = self.offset.shape[0]

@@ -38,6 +38,8 @@ BLOCK = 6
 
 #: (prompt length, max tokens, cycle it joins at)
 REQUESTS = [(5, 20, 0), (13, 9, 0), (1, 16, 2), (9, 12, 5)]
+#: a one-token prompt opens the batch (its KV layers merge from empty caches), then one joins
+ONE_TOKEN_FIRST = [(1, 16, 0), (9, 12, 1)]
 #: the widths of successive cycles (1: a plain batched step)
 WIDTHS = [4, 6, 1, 3, 6, 2, 1, 5, 6, 4]
 #: where each request's drafts are wrong: corrupt(cycle, k) for draft k of the block
@@ -97,12 +99,12 @@ def _join(spec: BatchSpeculator, model, drafter, prompt: list[int], sampling: Sa
     return spec.add(cache, prompt[-1], sampling, draft=draft), draft
 
 
-def run(model, drafter, samplings, solo, vocab: int = VOCAB, swap=False) -> dict[int, list[int]]:
-    """Decode REQUESTS in one speculating batch with `drafter` scripted by the `solo` texts;
+def run(model, drafter, samplings, solo, vocab: int = VOCAB, requests=REQUESTS) -> dict[int, list[int]]:
+    """Decode `requests` in one speculating batch with `drafter` scripted by the `solo` texts;
     each request's first max_tokens tokens by its index."""
     spec, out, owner, accepted = BatchSpeculator(model, drafter), {}, {}, []
     for cycle, width in enumerate(WIDTHS * 4):
-        for k, (length, _, joins) in enumerate(REQUESTS):
+        for k, (length, _, joins) in enumerate(requests):
             if joins == cycle:
                 prompt = _prompt(length, k, vocab)
                 uid, draft = _join(spec, model, drafter, prompt, samplings[k])
@@ -119,8 +121,8 @@ def run(model, drafter, samplings, solo, vocab: int = VOCAB, swap=False) -> dict
         for c in cycle_out:
             k = owner[c.uid]
             out[k] += c.tokens
-            if len(out[k]) >= REQUESTS[k][1]:
-                out[k] = out[k][: REQUESTS[k][1]]
+            if len(out[k]) >= requests[k][1]:
+                out[k] = out[k][: requests[k][1]]
                 spec.remove(c.uid)
     raise AssertionError("the requests did not finish")
 
@@ -138,6 +140,15 @@ def test_greedy_rows_equal_their_solo_text(models, family):
     out = run(model, _scripted(model), [SamplingParams()] * len(REQUESTS), solo)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from mlx-lm's"
+
+
+def test_a_one_token_prompt_can_open_the_batch(models):
+    """Its empty KV caches still merge into hole caches: the rows roll back one by one."""
+    model = models["llama"]
+    solo = [mlx_alone(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(ONE_TOKEN_FIRST)]
+    out = run(model, _scripted(model), [SamplingParams()] * len(ONE_TOKEN_FIRST), solo, requests=ONE_TOKEN_FIRST)
+    for k, (_, n, _) in enumerate(ONE_TOKEN_FIRST):
+        assert out[k] == solo[k][:n], f"request {k}: batched text differs from mlx-lm's"
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
