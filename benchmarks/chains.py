@@ -10,7 +10,8 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import sys
 from pathlib import Path
 
-from app.cli.bench.commands import read_prompts, write_json
+from app.cli.bench.commands import read_prompts
+from app.cli.common import write_json
 from app.cli.bench.speed import markdown_table, run_bench
 from dflash_mlx.options import DecodeOptions
 
