@@ -184,4 +184,6 @@ class BatchDecoder:
         it feeds next: what `add` takes, and what the one-sequence loop continues from
         (its prompt [token] on this cache). The row stays in the batch."""
         i = self._index(uid)
+        if self.rows[i].position == 1:  # nothing fed yet (a one-token prompt): a batch cache may hold no state to cut
+            return make_prompt_cache(self.model), self.rows[i].last
         return [layer.extract(i) for layer in self.cache], self.rows[i].last

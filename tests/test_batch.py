@@ -23,7 +23,7 @@ import pytest
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
-from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, refusal
+from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, cache_length, refusal
 from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.speculative import generate_step
 
@@ -164,6 +164,18 @@ def test_an_extracted_row_continues_exactly(models, family):
     solo = mlx_alone(model, prompts[0], 20)
     assert [step[0].token for step in first] == solo[:12] and last == solo[11]
     assert rest == solo[12:] and rejoined == solo[12:] and uid == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_row_that_fed_nothing_extracts_as_a_fresh_cache(models, family):
+    """A one-token prompt before its first step: mlx-lm's batch caches hold no state yet."""
+    model = models[family]
+    decoder = BatchDecoder(model)
+    cache, last = decoder.extract(_join(decoder, model, [5], SamplingParams()))
+    assert last == 5 and cache_length(cache) == 0
+    again = BatchDecoder(model)
+    again.add(cache, last, SamplingParams())
+    assert [again.step()[0].token for _ in range(6)] == mlx_alone(model, [5], 6)
 
 
 def test_logprobs_per_row_and_ids(models):

@@ -155,3 +155,9 @@ def test_a_model_sees_each_row_as_its_kept_tokens_alone():
         assert logits.shape[1] == VOCAB
         assert mx.allclose(logits[i], alone, atol=1e-4), f"row {i}"
         assert mx.argmax(logits[i]).item() == mx.argmax(alone).item()
+
+
+def test_empty_rows_merge_into_a_hole_cache():
+    """One-token prompts: nothing fed yet, still a hole cache (mlx-lm's merge gives a plain one)."""
+    batch = HoleKVCache.merge([KVCache(), KVCache()])
+    assert type(batch) is HoleKVCache and batch.offset.tolist() == [0, 0]
