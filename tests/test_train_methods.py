@@ -143,10 +143,8 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, arch):
         if line.startswith("step 3/"):
             raise Stop
 
-    try:
+    with pytest.raises(Stop):  # the cut run really stopped at step 3 (else "resume" would redo nothing)
         train(TrainArgs(out=str(tmp_path / "cut"), **common), log=stop_at_step_3)
-    except Stop:
-        pass
     resumed = train(TrainArgs(out=str(tmp_path / "cut"), resume=True, **common), log=lambda s: None)
     assert resumed["step"] == whole["step"] == 6
     assert type(resumed["drafter"]) is type(whole["drafter"])
