@@ -20,7 +20,7 @@ except ImportError:  # tests/ imported as a package
     from tests import zlab_reference as zr
     from tests import zlab_run as zrun  # noqa: F401  (imported from here by the converter tests)
 
-from conftest import SMOLLM2
+from conftest import DFLASH2, SMOLLM2  # DFLASH2: the test drafters' DFlash2 fields
 
 # Fits the built-in default target, SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49152).
 HIDDEN = SMOLLM2["hidden_size"]
@@ -47,10 +47,6 @@ def drafter_config(num_layers: int = 2, hidden: int = HIDDEN, ids=IDS, **extra) 
         rope_theta=100000.0,
         **extra,
     )
-
-
-#: DFlash2 fields of the test drafters (groups of 64 channels, selector rank 16, top 8).
-DFLASH2 = dict(conv_kernel_size=2, conv_group_size=64, selector_rank=16, selector_top_k=8)
 
 
 def drafter2_config(num_layers: int = 2, **extra) -> dict:

@@ -17,13 +17,14 @@ from test_sampling import (
     PlainDistribution,
     _sample_pairs,
     _wrap_rest,
-    assert_fits,
     sampling_setup,  # noqa: F401  (a fixture)
 )
 
 from dflash_mlx import load_draft, stream_generate
 from dflash_mlx.draft_vocab import DRAFT_VOCAB_FILE, build_draft_vocab, check_draft_vocab, save_draft_vocab
 from dflash_mlx.loading import DEFAULT_DRAFT_DIR
+
+from chi_square import assert_fits
 
 PROMPTS = [
     "What is the capital of France?",

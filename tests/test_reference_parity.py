@@ -2,7 +2,7 @@
 
 1. Drafter forward: on identical random weights, our MLX ``Drafter`` and z-lab's PyTorch
    ``DFlashDraftModel`` (driven with z-lab's own cache handling, see
-   ``zlab_reference.TorchDraftSession``) give the same final-norm hidden states and the
+   ``zlab_run.TorchDraftSession``) give the same final-norm hidden states and the
    same logits, to ``TOL`` (max abs diff), over a context that GROWS step by step
    (different numbers of new context tokens per step, the block at later and later
    positions), for several configs: 1 layer with MHA, 3 layers with GQA and a head_dim

@@ -79,9 +79,6 @@ def mlx_lm_greedy(default_model, prompt: list[int], max_tokens: int) -> tuple[st
     return "".join(r.text for r in out), len(out)
 
 
-# --------------------------------------------------------------------------- quick tests
-
-
 # --------------------------------------------------------------------------- the real model
 
 BAD = [

@@ -35,7 +35,7 @@ def test_cli_serve_warns_for_every_interface_and_fails_in_one_line(monkeypatch):
     assert result.exit_code == 1 and "--block-size must be an integer >= 2" in result.output
 
 
-def test_cli_serve_busy_port_is_one_line(monkeypatch):
+def test_cli_serve_busy_port_is_one_line():
     from app.cli.main import app
 
     with socket.socket() as taken:

@@ -9,8 +9,10 @@
 * multi-turn reuse of one PromptCache (a continued conversation, then an edited one
   that the recurrent / wrapped caches cannot rewind to: they start over);
 * the rollback itself: after a verify and a rollback of 0..B-1 tokens, every layer's
-  cache equals a cache that only ever saw the accepted tokens (1e-5, float32);
-* exact sampling (chi-square) through rollbacks on a hybrid gated-delta family.
+  cache equals a cache that only ever saw the accepted tokens (1e-5, float32).
+
+Exact sampling (chi-square) through rollbacks on a hybrid gated-delta family is
+test_targets_sampling.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import numpy as np
 from dflash_mlx import PromptCache
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
-from test_sampling import MIN_EXPECTED, assert_fits
+from chi_square import MIN_EXPECTED, assert_fits
 from test_targets import random_drafter
 from tiny_targets import tiny_target
 
