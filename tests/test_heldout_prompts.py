@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from dflash_mlx.messages import read_prompt_file
+from dflash_mlx.train.data import split_prompts
 from dflash_mlx.train.prompts import collect_prompts
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
@@ -34,14 +36,18 @@ def test_committed_training_answers_leave_the_heldout_prompts_out():
     assert not [r["id"] for r in instructions if r["messages"][-1]["content"].strip().lower() in held_texts]
 
 
-def test_shipped_heldout_sets_stay_out_of_training():
+def test_shipped_heldout_sets_stay_out_of_training(tmp_path):
     """No held-out prompt (by id or by text) is among the prompts `dflash data` trains on
-    with its default sources, and each kind's file holds its 10 prompts."""
+    with its default sources (its own split, `split_prompts`, over a data directory that
+    holds the shipped heldout.jsonl), and each kind's file holds its 10 prompts."""
     shipped = [json.loads(line) for line in (PROMPTS / "heldout.jsonl").read_text().splitlines()]
     assert len(shipped) == 40 and len({r["id"] for r in shipped}) == 40
-    ids = {r["id"] for r in shipped}
-    train = [p for p in collect_prompts(["chat", "math", "stdlib", "humaneval"], seed=0) if p["id"] not in ids]
-    texts = {p["messages"][-1]["content"] for p in train}
+    shutil.copy(PROMPTS / "heldout.jsonl", tmp_path / "heldout.jsonl")
+    prompts = collect_prompts(["chat", "math", "stdlib", "humaneval"], seed=0)
+    train, held = split_prompts(tmp_path, prompts, 40, seed=0)
+    assert [r["id"] for r in held] == [r["id"] for r in shipped]
+    ids, texts = {p["id"] for p in train}, {p["messages"][-1]["content"] for p in train}
+    assert len(train) > 1000 and not ids & {r["id"] for r in shipped}
     assert not [r["id"] for r in shipped if r["messages"][-1]["content"] in texts]
     for kind, source in KINDS.items():
         records = [json.loads(line) for line in (PROMPTS / f"heldout_{kind}.jsonl").read_text().splitlines()]
