@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 
+import json
 import subprocess
 import sys
 
@@ -29,6 +30,7 @@ from dflash_mlx.targets import make_target
 from dflash_mlx.targets import SUPPORTED_MODEL_TYPES
 
 from conftest import smollm2_drafter_config as smol_config
+from tiny_targets import tiny_drafter_config
 
 PROMPT = [1, 9690, 28, 905, 30]  # any short token list: the checks come before the forward
 
@@ -179,21 +181,8 @@ def tiny_model(family: str):
     return model
 
 
-def tiny_drafter_config() -> DrafterConfig:
-    """A drafter that would fit the tiny models by shape."""
-    return DrafterConfig(
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=64,
-        vocab_size=256,
-        num_target_layers=2,
-        target_layer_ids=[0],
-        mask_token_id=255,
-        block_size=4,
-    )
+#: A drafter that would fit the tiny models by shape (2 target layers, block size 4).
+FITS_TINY = tiny_drafter_config(2, 4, mask_token_id=255)
 
 
 @pytest.mark.parametrize("family", ["gemma", "phi3"])
@@ -207,7 +196,7 @@ def test_unsupported_family(default_model, tmp_path, family):
         make_target(model)
     assert_one_line(info.value, words)
 
-    drafter = make_drafter(tiny_drafter_config())
+    drafter = make_drafter(FITS_TINY)
     with pytest.raises(ValueError) as info:
         list(stream_generate(model, tokenizer, [1, 2, 3], drafter, max_tokens=2))
     assert_one_line(info.value, words)
@@ -241,7 +230,7 @@ def test_broken_drafter_directories(tmp_path):
     assert_one_line(info.value, ["config.json", "JSON"])
 
     no_weights = tmp_path / "no-weights"
-    save_drafter(make_drafter(tiny_drafter_config()), no_weights)
+    save_drafter(make_drafter(FITS_TINY), no_weights)
     (no_weights / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError) as info:
         load_draft(str(no_weights))
@@ -249,9 +238,7 @@ def test_broken_drafter_directories(tmp_path):
 
     for field in ("num_target_layers", "hidden_size"):
         lacking = tmp_path / f"no-{field}"
-        save_drafter(make_drafter(tiny_drafter_config()), lacking)
-        import json
-
+        save_drafter(make_drafter(FITS_TINY), lacking)
         config = json.loads((lacking / "config.json").read_text())
         del config[field]
         (lacking / "config.json").write_text(json.dumps(config))
