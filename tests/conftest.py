@@ -1,5 +1,5 @@
 """Shared test fixtures (the default model; the server's worker and a live server over it),
-the test drafter for the default target, and the `slow` marker.
+the test drafter for the default target, the shipped held-out prompts, and the `slow` marker.
 
 `dflash_mlx` is imported before anything pulls in `mlx`, so OpenBLAS is preloaded.
 Test modules import the helpers here as ``from conftest import ...`` (tests/ is on the path).
@@ -41,6 +41,17 @@ SLOW_MODULES = {
 
 #: DFlash2's extra fields for the test drafters (convolution groups of 64 channels).
 DFLASH2 = dict(conv_kernel_size=2, conv_group_size=64, selector_rank=16, selector_top_k=8)
+
+
+def heldout_prompts(tokenizer, count: int) -> list[list[int]]:
+    """The first `count` shipped held-out prompts (assets/prompts/heldout.jsonl, kept out of
+    the shipped drafter's training), chat-templated by `tokenizer`."""
+    import json
+
+    from dflash_mlx.defaults import shipped_asset
+
+    lines = (shipped_asset("prompts") / "heldout.jsonl").read_text().splitlines()[:count]
+    return [tokenizer.apply_chat_template(json.loads(x)["messages"], add_generation_prompt=True) for x in lines]
 
 
 def smollm2_drafter_config(dflash2: bool = False, **overrides) -> DrafterConfig:

@@ -12,8 +12,6 @@ up to rounding) and that our token is the runner-up; anything else fails.
 
 from __future__ import annotations
 
-import json
-
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx_lm
@@ -21,19 +19,15 @@ import pytest
 from mlx_lm.utils import quantize_model
 
 from dflash_mlx import stream_generate
-from dflash_mlx.defaults import shipped_asset, shipped_drafter_dir
+from dflash_mlx.defaults import shipped_drafter_dir
 from dflash_mlx.drafters import load_drafter_dir
+
+from conftest import heldout_prompts
 
 pytestmark = pytest.mark.slow
 HELDOUT = 2  # prompts
 MAX_TOKENS = 24
 NEAR_TIE = 0.5  # logits: bfloat16 keeps 8 bits, so a logit near 16 rounds in steps of 0.125
-
-
-def heldout_prompts(tokenizer) -> list[list[int]]:
-    """The first HELDOUT held-out prompts, chat-templated."""
-    lines = (shipped_asset("prompts") / "heldout.jsonl").read_text().splitlines()[:HELDOUT]
-    return [tokenizer.apply_chat_template(json.loads(x)["messages"], add_generation_prompt=True) for x in lines]
 
 
 def target_as(default_model_dir, kind: str):
@@ -67,7 +61,7 @@ def test_loop_matches_mlx_lm_on_the_same_model(default_model_dir, kind):
     if kind == "bfloat16":
         drafter.set_dtype(mx.bfloat16)
     longest = 0
-    for prompt in heldout_prompts(tokenizer):
+    for prompt in heldout_prompts(tokenizer, HELDOUT):
         ref = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)]
         responses = list(stream_generate(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS))
         got = [r.token for r in responses]

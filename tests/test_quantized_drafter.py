@@ -11,8 +11,6 @@ scaled until its activations pass float16's range is cast to bfloat16, with one 
 
 from __future__ import annotations
 
-import json
-
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx_lm
@@ -23,18 +21,14 @@ from app.cli.bench.speed import draft_milliseconds
 from converters.convert import convert_drafter
 from converters.options import ConvertOptions
 from dflash_mlx import load_draft, stream_generate
-from dflash_mlx.defaults import shipped_asset, shipped_drafter_dir
+from dflash_mlx.defaults import shipped_drafter_dir
 from dflash_mlx.loading import FLOAT16_MAX, FLOAT16_MARGIN
 from dflash_mlx.drafters import load_drafter_dir, save_drafter
 from dflash_mlx.targets import make_target
 
+from conftest import heldout_prompts
+
 MAX_TOKENS = 16
-
-
-def heldout_prompt(tokenizer) -> list[int]:
-    """The first held-out prompt, chat-templated."""
-    line = (shipped_asset("prompts") / "heldout.jsonl").read_text().splitlines()[0]
-    return tokenizer.apply_chat_template(json.loads(line)["messages"], add_generation_prompt=True)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -45,7 +39,7 @@ def test_quantized_drafter_is_lossless(default_model, tmp_path, bits):
     )
     drafter = load_draft(str(out), model=model)
     assert drafter.fc.bits == bits  # really quantized, not the float drafter
-    prompt = heldout_prompt(tokenizer)
+    (prompt,) = heldout_prompts(tokenizer, 1)
     ref = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)]
     got = [r.token for r in stream_generate(model, tokenizer, prompt, drafter, max_tokens=MAX_TOKENS)]
     assert got == ref
