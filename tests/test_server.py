@@ -172,12 +172,19 @@ def test_greedy_completion_equals_dflash_generate(client, default_model):
 
 
 @slow
-def test_seeded_sampling_is_reproducible(client):
+def test_seeded_sampling_is_reproducible(client, default_model):
+    """The same seed gives the same text, and it is the target's own sample for that seed
+    and those settings (`draft_model=None`): the server samples as asked, not greedily."""
     body = {"messages": user("Tell me a fact about cats."), "max_tokens": 24, "temperature": 0.9, "top_p": 0.95}
     first = client.post(CHAT, json={**body, "seed": 7}).json()
     again = client.post(CHAT, json={**body, "seed": 7}).json()
-    assert first["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
+    text = first["choices"][0]["message"]["content"]
+    assert text == again["choices"][0]["message"]["content"]
     assert first["dflash"]["cycles"] > 0  # drafted and verified: the lossless rejection sampler ran
+    model, tokenizer = default_model
+    prompt = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
+    alone = dflash_mlx.stream_generate(model, tokenizer, prompt, None, temp=0.9, top_p=0.95, seed=7, max_tokens=24)
+    assert text == "".join(r.text for r in alone)
 
 
 @slow
