@@ -117,10 +117,8 @@ def default_model(default_model_dir: Path):
 @pytest.fixture
 def src(tmp_path, config):
     """A z-lab-layout checkpoint of the requesting module's `config` (converter tests)."""
-    try:
-        from convert_helpers import write_numpy_checkpoint
-    except ImportError:  # tests/ imported as a package
-        from tests.convert_helpers import write_numpy_checkpoint
+    from convert_helpers import write_numpy_checkpoint
+
     return write_numpy_checkpoint(tmp_path / "src", config)
 
 

@@ -13,12 +13,8 @@ import dflash_mlx  # noqa: F401  (OpenBLAS preload before any mlx import)
 import numpy as np
 import pytest
 
-try:
-    import zlab_reference as zr
-    import zlab_run as zrun
-except ImportError:  # tests/ imported as a package
-    from tests import zlab_reference as zr
-    from tests import zlab_run as zrun  # noqa: F401  (imported from here by the converter tests)
+import zlab_reference as zr
+import zlab_run as zrun  # noqa: F401  (imported from here by the converter tests)
 
 from conftest import DFLASH2, SMOLLM2  # DFLASH2: the test drafters' DFlash2 fields
 

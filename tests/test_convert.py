@@ -14,40 +14,22 @@ import dflash_mlx  # noqa: F401  (OpenBLAS preload before any mlx import)
 import numpy as np
 import pytest
 
-try:
-    from convert_helpers import (
-        HIDDEN,
-        IDS,
-        add_to_hub_cache,
-        assert_fails,
-        assert_ok,
-        block_inputs,
-        cli,
-        drafter_config,
-        leftovers,
-        mlx_logits,
-        offline_hub,
-        write_numpy_checkpoint,
-        zr,
-        zrun,
-    )
-except ImportError:  # tests/ imported as a package
-    from tests.convert_helpers import (
-        HIDDEN,
-        IDS,
-        add_to_hub_cache,
-        assert_fails,
-        assert_ok,
-        block_inputs,
-        cli,
-        drafter_config,
-        leftovers,
-        mlx_logits,
-        offline_hub,
-        write_numpy_checkpoint,
-        zr,
-        zrun,
-    )
+from convert_helpers import (
+    HIDDEN,
+    IDS,
+    add_to_hub_cache,
+    assert_fails,
+    assert_ok,
+    block_inputs,
+    cli,
+    drafter_config,
+    leftovers,
+    mlx_logits,
+    offline_hub,
+    write_numpy_checkpoint,
+    zr,
+    zrun,
+)
 
 __all__ = ["offline_hub"]  # the fixture, imported for pytest
 

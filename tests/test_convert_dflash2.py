@@ -15,39 +15,22 @@ import pytest
 from dflash_mlx.drafter2 import Drafter2
 from dflash_mlx.sampling import SamplingParams
 
+from convert_helpers import (
+    HIDDEN,
+    assert_fails,
+    assert_ok,
+    block_inputs,
+    cli,
+    drafter2_config,
+    drafter_config,
+    mlx_logits,
+    write_numpy_checkpoint,
+    zlab_shapes,
+    zr,
+    zrun,
+)
+
 GREEDY = SamplingParams().draws(0)  # greedy choices: positions do not matter
-
-try:
-    from convert_helpers import (
-        HIDDEN,
-        assert_fails,
-        assert_ok,
-        block_inputs,
-        cli,
-        drafter2_config,
-        drafter_config,
-        mlx_logits,
-        write_numpy_checkpoint,
-        zlab_shapes,
-        zr,
-        zrun,
-    )
-except ImportError:  # tests/ imported as a package
-    from tests.convert_helpers import (
-        HIDDEN,
-        assert_fails,
-        assert_ok,
-        block_inputs,
-        cli,
-        drafter2_config,
-        drafter_config,
-        mlx_logits,
-        write_numpy_checkpoint,
-        zlab_shapes,
-        zr,
-        zrun,
-    )
-
 CODEBOOK = "candidate_selector.predecessor_codebook"
 
 

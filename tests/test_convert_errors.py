@@ -11,32 +11,18 @@ import dflash_mlx  # noqa: F401  (OpenBLAS preload before any mlx import)
 import numpy as np
 import pytest
 
-try:
-    from convert_helpers import (
-        HIDDEN,
-        IDS,
-        assert_fails,
-        assert_ok,
-        cli,
-        drafter_config,
-        leftovers,
-        write_numpy_checkpoint,
-        zlab_shapes,
-        zr,
-    )
-except ImportError:  # tests/ imported as a package
-    from tests.convert_helpers import (
-        HIDDEN,
-        IDS,
-        assert_fails,
-        assert_ok,
-        cli,
-        drafter_config,
-        leftovers,
-        write_numpy_checkpoint,
-        zlab_shapes,
-        zr,
-    )
+from convert_helpers import (
+    HIDDEN,
+    IDS,
+    assert_fails,
+    assert_ok,
+    cli,
+    drafter_config,
+    leftovers,
+    write_numpy_checkpoint,
+    zlab_shapes,
+    zr,
+)
 
 
 @pytest.fixture

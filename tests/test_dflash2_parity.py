@@ -29,14 +29,10 @@ from test_reference_parity import CONFIGS as V1_CONFIGS
 from test_reference_parity import _chat, _ours_generate, _step_inputs
 from zlab_run import zlab_generate
 
-GREEDY = SamplingParams().draws(0)  # greedy choices: positions do not matter
+import zlab_reference as zr
+import zlab_run as zrun
 
-try:
-    import zlab_reference as zr
-    import zlab_run as zrun
-except ImportError:  # tests/ imported as a package
-    from tests import zlab_reference as zr
-    from tests import zlab_run as zrun
+GREEDY = SamplingParams().draws(0)  # greedy choices: positions do not matter
 
 pytestmark = [
     pytest.mark.skipif(not zr.ZLAB_AVAILABLE, reason="torch + dflash==0.1.0 not installed"),

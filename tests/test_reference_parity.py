@@ -31,12 +31,8 @@ from dflash_mlx.targets import make_target
 from conftest import SMOLLM2
 from zlab_run import zlab_generate
 
-try:
-    import zlab_reference as zr
-    import zlab_run as zrun
-except ImportError:  # tests/ imported as a package
-    from tests import zlab_reference as zr
-    from tests import zlab_run as zrun
+import zlab_reference as zr
+import zlab_run as zrun
 
 pytestmark = [
     pytest.mark.skipif(not zr.ZLAB_AVAILABLE, reason="torch + dflash==0.1.0 not installed"),

@@ -26,10 +26,7 @@ from test_targets import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config,
 from tiny_targets import HIDDEN, VOCAB, tiny_target
 from zlab_run import zlab_generate
 
-try:
-    import zlab_run as zrun
-except ImportError:  # tests/ imported as a package
-    from tests import zlab_run as zrun
+import zlab_run as zrun
 
 pytest.importorskip("dflash.model_mlx")
 

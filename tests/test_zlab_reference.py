@@ -7,12 +7,8 @@ import pytest
 
 import dflash_mlx  # noqa: F401  (OpenBLAS preload before any mlx import)
 
-try:
-    import zlab_reference as zr
-    import zlab_run as zrun
-except ImportError:  # tests/ imported as a package
-    from tests import zlab_reference as zr
-    from tests import zlab_run as zrun
+import zlab_reference as zr
+import zlab_run as zrun
 
 pytestmark = pytest.mark.skipif(not zr.ZLAB_AVAILABLE, reason="torch + dflash==0.1.0 not installed")
 

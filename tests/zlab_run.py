@@ -78,10 +78,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-try:
-    from zlab_reference import zlab_torch_module
-except ImportError:  # tests/ imported as a package
-    from tests.zlab_reference import zlab_torch_module
+from zlab_reference import zlab_torch_module
 
 
 @contextmanager
