@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from textual.content import Content
@@ -16,15 +14,13 @@ from textual.geometry import Region
 from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fake_engine import FakeBackend, fake_engine_factory  # noqa: E402
+from fake_engine import FakeBackend, fake_engine_factory
 
 from app.chat.app import ChatApp
-from app.chat.main import app_from_args  # noqa: E402
-from app.chat.widgets import DRAFT_STYLE, TARGET_STYLE, Note, Reply, StatsPanel, Summary, UserMessage  # noqa: E402
-from app.chat.engine import Settings  # noqa: E402
-from dflash_mlx.options import DecodeOptions  # noqa: E402
+from app.chat.main import app_from_args
+from app.chat.widgets import DRAFT_STYLE, TARGET_STYLE, Note, Reply, StatsPanel, Summary, UserMessage
+from app.chat.engine import Settings
+from dflash_mlx.options import DecodeOptions
 
 REPLY = "The answer| is **4**.| Two plus two| makes four."
 

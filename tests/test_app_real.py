@@ -9,13 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 async def _chat(prompt: str, screenshot: str | None) -> tuple:

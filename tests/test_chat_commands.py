@@ -3,27 +3,23 @@ and of the words its `/stats` and `dflash generate` use for what the cycles veri
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 from textual import events
 
-sys.path.insert(0, str(Path(__file__).parent))
+from fake_engine import FakeBackend
+from test_app import REPLY, answered, make_app, notes, run_async, say, until
 
-from fake_engine import FakeBackend  # noqa: E402
-from test_app import REPLY, answered, make_app, notes, run_async, say, until  # noqa: E402
-
-from app.chat import commands  # noqa: E402
-from app.chat.engine import Settings  # noqa: E402
-from app.chat.main import main  # noqa: E402
-from app.chat.session import shape  # noqa: E402
-from app.chat.widgets import Reply, Summary  # noqa: E402
-from dflash_mlx import DecodeOptions  # noqa: E402
-from dflash_mlx import format_stats  # noqa: E402
-from dflash_mlx.speculative import GenerationResponse  # noqa: E402
-from dflash_mlx.stats import GenerationStats  # noqa: E402
+from app.chat import commands
+from app.chat.engine import Settings
+from app.chat.main import main
+from app.chat.session import shape
+from app.chat.widgets import Reply, Summary
+from dflash_mlx import DecodeOptions
+from dflash_mlx import format_stats
+from dflash_mlx.speculative import GenerationResponse
+from dflash_mlx.stats import GenerationStats
 
 
 def _response(stats: GenerationStats) -> GenerationResponse:
