@@ -1,5 +1,6 @@
 """The code's shape, as CONTRIBUTING.md states it: every source file at most 400 lines,
-every function at most 80 (its signature included), and no import cycle among the
+every function at most 80 (its signature included), dependencies that point one way
+(`dflash_mlx` <- `converters` <- `app`, then `benchmarks`), and no import cycle among the
 project's modules, imports inside functions included (a cycle hidden behind a
 function-level import is still a cycle a reader has to untangle)."""
 
@@ -9,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("dflash_mlx", "converters", "app", "benchmarks")  # benchmarks/: where present
+PACKAGES = ("dflash_mlx", "converters", "app", "benchmarks")  # benchmarks/: where present; in layer order
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -154,3 +155,23 @@ def test_the_cycle_finder_sees_a_function_level_cycle(tmp_path):
     graph = {module_name(p, tmp_path): imported_modules(p, modules, tmp_path) for p in package.glob("*.py")}
     assert graph["pkg.c"] == {"pkg.a"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The edges `a -> b` of `graph` whose `b` is in a later package of PACKAGES than `a`."""
+    layer = {package: i for i, package in enumerate(PACKAGES)}
+
+    def of(module: str) -> int:
+        return layer[module.split(".")[0]]
+
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if of(b) > of(a))
+
+
+def test_dependencies_point_one_way():
+    up = upward_imports(import_graph())
+    assert not up, "imports against dflash_mlx <- converters <- app <- benchmarks: " + "; ".join(up)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"dflash_mlx.a": {"converters.b"}, "converters.b": {"dflash_mlx.a"}, "app.c": {"converters.b"}}
+    assert upward_imports(graph) == ["dflash_mlx.a -> converters.b"]
