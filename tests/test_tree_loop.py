@@ -172,6 +172,10 @@ def test_tree_budget_zero_is_the_chain(family):
     ]
     assert runs[0][0] == runs[1][0] == ref
     assert runs[0][1].block_sizes == runs[1][1].block_sizes and not any(runs[1][1].trees)
+    # a fixed block runs chains anyway: where a tree would be verified, tree_budget=0 verifies its chain
+    drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2])
+    got, stats = run(model, prompt, drafter, 30, policy=AlwaysTree(), tree_budget=0)
+    assert got == ref and stats.block_sizes and not any(stats.trees)
 
 
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next", "gpt_oss", "llama_swa"])
