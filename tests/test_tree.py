@@ -23,7 +23,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from dflash_mlx.rollback import keep_rows
-from dflash_mlx.sampling import filter_logprobs, log_softmax
+from dflash_mlx.sampling import SamplingParams, filter_logprobs, log_softmax
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import Tree, build_tree, top_candidates, walk
@@ -219,22 +219,12 @@ def test_which_targets_get_trees(family, trees):
     assert make_target(model).supports_trees(make_target_cache(model)) == trees
 
 
-def keyed_choose(seed: int, temp: float, top_p: float):
-    """The target's token at position t: argmax(filtered log-probs / temp + Gumbel noise
-    keyed by (seed, t)): a categorical sample whose noise depends on the position alone."""
-
-    def choose(logits: mx.array, positions: mx.array) -> mx.array:
-        keys = [mx.random.key(seed * 1_000_003 + int(p)) for p in positions.tolist()]
-        noise = mx.stack([mx.random.gumbel(shape=(logits.shape[-1],), key=k) for k in keys])
-        return mx.argmax(filter_logprobs(log_softmax(logits), top_p) / temp + noise, axis=-1)
-
-    return choose
-
-
 def test_walk_with_keyed_draws_commits_the_target_distribution():
     """A small vocabulary, a target whose next-token distribution depends on the whole
-    path, a fixed tree over its likely tokens: the first two committed tokens follow
-    p(t1) p(t2 | t1) of the filtered target (chi-square), whatever the tree holds."""
+    path, a fixed tree over its likely tokens, the target's choices drawn as the loop draws
+    them (`SamplingParams.draws`, each node's row at the position of its depth): the first
+    two committed tokens follow p(t1) p(t2 | t1) of the filtered target (chi-square),
+    whatever the tree holds."""
     V, temp, top_p = 6, 1.0, 0.9
     table = np.random.default_rng(3).normal(size=(V + 1, V + 1, V)).astype(np.float32) * 1.5
 
@@ -256,16 +246,14 @@ def test_walk_with_keyed_draws_commits_the_target_distribution():
     node_logits = mx.array(
         np.stack([logits_after([tree.tokens[j] for j in tree.path(i)]) for i in range(len(tree.tokens))])
     )
-    positions = mx.array(tree.depths) + 20 + 1
     samples, deep = [], 0
     for seed in range(3000):
-        path, bonus = walk(tree, keyed_choose(seed, temp, top_p)(node_logits, positions).tolist())
+        draws = SamplingParams(temp=temp, top_p=top_p, seed=seed).draws(21)  # the root's position: 21
+        path, bonus = walk(tree, draws.choose(node_logits, tree.depths).tolist())
         committed = [tree.tokens[i] for i in path] + [bonus]
         deep += len(path) >= 2
         if len(committed) == 1:  # the second token comes from the next cycle, after t1
-            committed.append(
-                int(keyed_choose(seed, temp, top_p)(mx.array(logits_after(committed))[None], mx.array([22])).item())
-            )
+            committed.append(int(draws.choose(mx.array(logits_after(committed))[None], [1]).item()))
         samples.append(tuple(committed[:2]))
     exact = {(a, b): probs([])[a] * probs([a])[b] for a in range(V) for b in range(V)}
     assert_fits(samples, exact, "first two tokens of a tree walk", impossible=lambda s: exact[s] == 0)
