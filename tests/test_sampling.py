@@ -197,7 +197,9 @@ def _wrap_rest(pairs, cells):
 
 def test_first_two_tokens_random_drafter(sampling_setup):
     """A random drafter: its drafts are almost always rejected, so t2 is the target's own
-    choice after a rejection, which must still give exactly p(t2 | t1)."""
+    choice after a rejection, which must still give exactly p(t2 | t1); and each generation
+    is the one the target alone makes with its seed (the chi-square on 120 samples alone
+    would miss, about half the time, a t2 drawn at half the temperature)."""
     mx.random.seed(0)
     drafter = Drafter(_drafter_config(block_size=2))
     mx.eval(drafter.parameters())
@@ -206,6 +208,7 @@ def test_first_two_tokens_random_drafter(sampling_setup):
     cells = plain.joint_cells(RANDOM_SAMPLES)
     assert_fits(_wrap_rest(pairs, cells), cells, "random drafter, T=1")
     assert sum(from_draft) <= 0.05 * RANDOM_SAMPLES
+    _assert_same_as_target_alone(sampling_setup, pairs, seed=11, count=12, temp=1.0)
 
 
 def test_first_two_tokens_oracle_drafter_with_filters(sampling_setup):
