@@ -321,7 +321,7 @@ def test_checkpoint_and_resume(tmp_path, monkeypatch):
 
 def test_sampled_vocabulary_loss(tmp_path, monkeypatch):
     """--loss-vocab sampled: logits over the batch's labels and teacher tokens plus sampled others."""
-    from dflash_mlx.train.loop import TrainArgs, train
+    from dflash_mlx.train.loop import Trainer, TrainArgs, train
 
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=20)
@@ -343,6 +343,21 @@ def test_sampled_vocabulary_loss(tmp_path, monkeypatch):
         log=lambda s: None,
     )
     assert result["step"] == 4 and all(np.isfinite(h["loss"]) for h in result["history"])
+    # The same step with the full vocabulary: the sampled one holds its labels and teacher
+    # tokens, and the sampled batch's labels and teacher ids index them exactly.
+    batches = {}
+    for kind in ("sampled", "full"):
+        args = TrainArgs(
+            data=str(data), out=str(tmp_path / kind), num_layers=1, target_layer_ids=[1, 3], block_size=4,
+            batch_size=2, num_anchors=4, progress=False, max_steps=1, loss_vocab=kind, negatives=8,
+        )  # fmt: skip
+        batches[kind] = Trainer(args, log=lambda s: None).batch_for_step()
+    (sampled, vocab), (full, none) = batches["sampled"], batches["full"]
+    v = np.array(vocab)
+    assert none is None and np.all(np.diff(v) > 0) and len(v) < model.args.vocab_size
+    valid = np.array(full.valid) > 0
+    assert np.array_equal(v[np.array(sampled.labels)][valid], np.array(full.labels)[valid])
+    assert np.array_equal(v[np.array(sampled.teacher_ids)], np.array(full.teacher_ids))
 
 
 def test_shipped_drafter_round_trips_through_export(tmp_path):
