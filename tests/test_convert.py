@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import dflash_mlx  # noqa: F401  (OpenBLAS preload before any mlx import)
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -30,6 +31,8 @@ from convert_helpers import (
     zr,
     zrun,
 )
+
+from tiny_targets import VOCAB, save_tiny_target
 
 __all__ = ["offline_hub"]  # the fixture, imported for pytest
 
@@ -240,49 +243,24 @@ def test_force_replaces_existing_output(config, tmp_path):
     assert leftovers(out) == []
 
 
-def test_target_model_delegates_to_mlx_lm(monkeypatch, tmp_path):
+def test_target_model_converts_through_mlx_lm(tmp_path, default_model_dir):
+    """`convert --target-model` is mlx-lm's own convert (a tiny llama saved here: offline),
+    written atomically; a model type mlx-lm does not know fails in one line, leaving nothing."""
+    import mlx.nn as nn
     import mlx_lm
 
-    calls = []
-
-    def fake_convert(**kwargs):
-        calls.append(kwargs)
-        path = Path(kwargs["mlx_path"])
-        assert not path.exists()  # mlx_lm.convert refuses existing paths
-        path.mkdir()
-        (path / "config.json").write_text("{}")
-        (path / "model.safetensors").write_bytes(b"x")
-
-    monkeypatch.setattr(mlx_lm, "convert", fake_convert)
+    source = save_tiny_target("llama", tmp_path / "src", default_model_dir, VOCAB)
     out = tmp_path / "target"
-    assert_ok(
-        cli(
-            "convert",
-            "Qwen/Qwen3-8B",
-            out,
-            "--target-model",
-            "--dtype",
-            "bfloat16",
-            "-q",
-            "--q-bits",
-            "4",
-            "--revision",
-            "main",
-        )
-    )
-    assert len(calls) == 1
-    call = calls[0]
-    assert call["hf_path"] == "Qwen/Qwen3-8B" and call["dtype"] == "bfloat16"
-    assert call["quantize"] and call["q_bits"] == 4 and call["q_group_size"] == 64
-    assert call["revision"] == "main"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert_ok(cli("convert", source, out, "--target-model", "--dtype", "bfloat16", "-q", "--q-bits", "4"))
+    quantization = json.loads((out / "config.json").read_text())["quantization"]
+    assert quantization["bits"] == 4 and quantization["group_size"] == 64
+    model, _ = mlx_lm.load(str(out))
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.up_proj, nn.QuantizedLinear) and layer.input_layernorm.weight.dtype == mx.bfloat16
     assert leftovers(out) == []
 
-    def failing(**kwargs):
-        Path(kwargs["mlx_path"]).mkdir()
-        raise ValueError("Model type foo not supported.")
-
-    monkeypatch.setattr(mlx_lm, "convert", failing)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps(dict(config, model_type="foo")))
     assert_fails(
-        cli("convert", "x/y", tmp_path / "t2", "--target-model"), tmp_path / "t2", "Model type foo not supported"
+        cli("convert", source, tmp_path / "t2", "--target-model"), tmp_path / "t2", "Model type foo not supported"
     )
