@@ -20,7 +20,6 @@ import random
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, cache_length, refusal
@@ -28,6 +27,7 @@ from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.speculative import generate_step
 
 from batch_rows import prefill
+from references import greedy_reference
 from tiny_targets import VOCAB, tiny_target
 
 SAMPLED = [SamplingParams(0.9, 0.9, 0, 11), SamplingParams(1.0, 1.0, 20, 12), SamplingParams(0.7, 0.8, 30, 13)]
@@ -48,12 +48,6 @@ def _models():
 @pytest.fixture(scope="module")
 def models():
     return _models()
-
-
-def mlx_alone(model, prompt: list[int], n: int) -> list[int]:
-    """mlx-lm's greedy tokens for `prompt` alone."""
-    steps = mlx_generate_step(mx.array(prompt), model, max_tokens=n)
-    return [int(token) for token, _ in steps]
 
 
 def ours_alone(model, prompt: list[int], n: int, sampling: SamplingParams) -> list[int]:
@@ -122,7 +116,7 @@ def test_greedy_rows_equal_their_solo_text(models, family):
     for k, (length, max_tokens, _, cancel) in enumerate(SCHEDULE):
         prompt, n = _prompt(length, k), _expected_length(k, out)
         assert len(out[k]) == n and (cancel is None or 0 < n < max_tokens)
-        assert out[k] == mlx_alone(model, prompt, n), f"{family} request {k}: batched text differs from mlx-lm's"
+        assert out[k] == greedy_reference(model, prompt, n), f"{family} request {k}: batched text differs from mlx-lm's"
         assert out[k] == ours_alone(model, prompt, n, SamplingParams()), f"{family} request {k}"
 
 
@@ -157,11 +151,11 @@ def test_an_extracted_row_continues_exactly(models, family):
     uids = [_join(decoder, model, p, SamplingParams()) for p in prompts]
     first = [decoder.step() for _ in range(12)]
     cache, last = decoder.extract(uids[0])
-    rest = [int(t) for t, _ in mlx_generate_step(mx.array([last]), model, max_tokens=8, prompt_cache=cache)]
+    rest = greedy_reference(model, [last], 8, prompt_cache=cache)
     again = BatchDecoder(model)
     uid = again.add(decoder.extract(uids[0])[0], last, SamplingParams())
     rejoined = [again.step()[0].token for _ in range(8)]
-    solo = mlx_alone(model, prompts[0], 20)
+    solo = greedy_reference(model, prompts[0], 20)
     assert [step[0].token for step in first] == solo[:12] and last == solo[11]
     assert rest == solo[12:] and rejoined == solo[12:] and uid == 0
 
@@ -175,7 +169,7 @@ def test_a_row_that_fed_nothing_extracts_as_a_fresh_cache(models, family):
     assert last == 5 and cache_length(cache) == 0
     again = BatchDecoder(model)
     again.add(cache, last, SamplingParams())
-    assert [again.step()[0].token for _ in range(6)] == mlx_alone(model, [5], 6)
+    assert [again.step()[0].token for _ in range(6)] == greedy_reference(model, [5], 6)
 
 
 def test_logprobs_per_row_and_ids(models):
@@ -199,7 +193,7 @@ def test_every_batched_family_decodes_exactly(family):
     model = tiny_target(family, scale=2.0)
     out = run_schedule(model, [SamplingParams()] * len(SCHEDULE))
     for k, (length, *_) in enumerate(SCHEDULE):
-        assert out[k] == mlx_alone(model, _prompt(length, k), _expected_length(k, out)), f"{family} request {k}"
+        assert out[k] == greedy_reference(model, _prompt(length, k), _expected_length(k, out)), f"{family} request {k}"
 
 
 def test_refused_caches_and_families(models):

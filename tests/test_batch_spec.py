@@ -30,7 +30,8 @@ from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.targets import make_target
 
 from conftest import smollm2_drafter_config
-from test_batch import SAMPLED, mlx_alone, ours_alone
+from references import greedy_reference
+from test_batch import SAMPLED, ours_alone
 from batch_rows import prefill
 from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
 
@@ -136,7 +137,7 @@ def models():
 def test_greedy_rows_equal_their_solo_text(models, family):
     model = models[family]
     assert speculation_refusal(model, _scripted(model)) is None
-    solo = [mlx_alone(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(REQUESTS)]
+    solo = [greedy_reference(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(REQUESTS)]
     out = run(model, _scripted(model), [SamplingParams()] * len(REQUESTS), solo)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from mlx-lm's"
@@ -145,7 +146,7 @@ def test_greedy_rows_equal_their_solo_text(models, family):
 def test_a_one_token_prompt_can_open_the_batch(models):
     """Its empty KV caches still merge into hole caches: the rows roll back one by one."""
     model = models["llama"]
-    solo = [mlx_alone(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(ONE_TOKEN_FIRST)]
+    solo = [greedy_reference(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(ONE_TOKEN_FIRST)]
     out = run(model, _scripted(model), [SamplingParams()] * len(ONE_TOKEN_FIRST), solo, requests=ONE_TOKEN_FIRST)
     for k, (_, n, _) in enumerate(ONE_TOKEN_FIRST):
         assert out[k] == solo[k][:n], f"request {k}: batched text differs from mlx-lm's"
@@ -169,7 +170,7 @@ def test_smollm2_rows_equal_their_solo_text(default_model):
     samplings = [SamplingParams(), SAMPLED[0], SamplingParams(), SAMPLED[1]]
     prompts = [_prompt(length, k, vocab) for k, (length, *_) in enumerate(REQUESTS)]
     solo = [
-        mlx_alone(model, p, n + BLOCK) if s.greedy else ours_alone(model, p, n + BLOCK, s)
+        greedy_reference(model, p, n + BLOCK) if s.greedy else ours_alone(model, p, n + BLOCK, s)
         for p, (_, n, _), s in zip(prompts, REQUESTS, samplings)
     ]
     out = run(model, _scripted(model, vocab), samplings, solo, vocab)
@@ -198,7 +199,7 @@ def test_one_drafter_forward_drafts_for_every_row(models):
         alone = drafter.propose(blocks[i : i + 1], context, spec.pair.target)
         assert mx.allclose(together[i], alone, atol=1e-4).item(), f"row {i}'s drafts differ from its own forward's"
     for k, uid in enumerate(uids):
-        assert out[uid] == mlx_alone(model, prompts[k], len(out[uid]))
+        assert out[uid] == greedy_reference(model, prompts[k], len(out[uid]))
 
 
 def test_sliding_window_targets_take_plain_steps(models):
@@ -216,7 +217,7 @@ def test_sliding_window_targets_take_plain_steps(models):
         for c in spec.cycle():
             out[c.uid] += c.tokens
     for k, uid in enumerate(uids):
-        assert out[uid] == mlx_alone(model, _prompt(REQUESTS[k][0], k), 10)
+        assert out[uid] == greedy_reference(model, _prompt(REQUESTS[k][0], k), 10)
 
 
 def test_a_row_without_context_and_a_handed_over_row(models):
@@ -226,7 +227,7 @@ def test_a_row_without_context_and_a_handed_over_row(models):
     model = models["qwen3"]
     drafter = _scripted(model)
     prompts = [_prompt(7, 1), _prompt(4, 2)]
-    solo = [mlx_alone(model, p, 30) for p in prompts]
+    solo = [greedy_reference(model, p, 30) for p in prompts]
     spec = BatchSpeculator(model, drafter)
     a, draft = _join(spec, model, drafter, prompts[0], SamplingParams())
     drafter.watch(draft, prompts[0] + solo[0], PATTERNS[2])
@@ -297,7 +298,7 @@ def test_lookup_guesses_keep_each_rows_text(models):
     assert max(kept) >= 2  # guessed tokens were accepted
     for uid, prompt, sampling in zip(uids, prompts, samplings):
         n = len(got[uid])
-        solo = mlx_alone(model, prompt, n) if sampling.greedy else ours_alone(model, prompt, n, sampling)
+        solo = greedy_reference(model, prompt, n) if sampling.greedy else ours_alone(model, prompt, n, sampling)
         assert got[uid] == solo, f"row {uid}: batched text with lookup differs from its solo text"
     with pytest.raises(ValueError, match="lookup must be"):
         spec.add(make_prompt_cache(model), 1, SamplingParams(), lookup=-1)

@@ -12,7 +12,8 @@ import pytest
 from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.sampling import SamplingParams
 
-from test_batch import SAMPLED, mlx_alone, ours_alone
+from references import greedy_reference
+from test_batch import SAMPLED, ours_alone
 from test_batch_spec import BLOCK, PATTERNS, _join, _prompt, _scripted
 from tiny_targets import tiny_target
 
@@ -28,7 +29,11 @@ def _requests(rng: random.Random) -> list[tuple[int, int, SamplingParams, int]]:
 
 def _solo(model, k: int, length: int, n: int, sampling: SamplingParams) -> list[int]:
     prompt = _prompt(length, k)
-    return mlx_alone(model, prompt, n + BLOCK) if sampling.greedy else ours_alone(model, prompt, n + BLOCK, sampling)
+    return (
+        greedy_reference(model, prompt, n + BLOCK)
+        if sampling.greedy
+        else ours_alone(model, prompt, n + BLOCK, sampling)
+    )
 
 
 def _schedule(model, seed: int) -> None:

@@ -18,7 +18,8 @@ from dflash_mlx.drafter import Drafter
 from dflash_mlx.options import DRAFT_WINDOW, DecodeOptions, OptionError
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
-from test_targets import MASK, drafter_config, prompt_of, reference
+from references import greedy_reference
+from test_targets import MASK, drafter_config, prompt_of
 from tiny_targets import HIDDEN, tiny_target
 
 
@@ -67,7 +68,7 @@ def test_greedy_with_a_window_is_mlx_lm_greedy(window, sink):
     model = tiny_target("llama", scale=2.0)
     target = make_target(model)
     prompt, n = prompt_of(21, 2), 28
-    ref = reference(model, prompt, n)
+    ref = greedy_reference(model, prompt, n)
     tokens, stats = [], GenerationStats()
     steps = generate_step(
         prompt, model, _drafter(target), max_tokens=n, block_size=4, stats=stats, draft_window=window, draft_sink=sink

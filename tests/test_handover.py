@@ -17,7 +17,8 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
-from test_batch import _prompt, mlx_alone, ours_alone
+from references import greedy_reference
+from test_batch import _prompt, ours_alone
 from batch_rows import prefill
 from tiny_targets import tiny_drafter_config, tiny_target
 
@@ -66,7 +67,7 @@ def test_a_speculative_cache_joins_the_batch_and_comes_back_exactly(family, samp
         tokens += [d.token for d in decoder.step() if d.uid == row]
     tokens += alone(model, drafter, sequence, prompt + tokens, n - len(tokens), sampling)
 
-    solo = mlx_alone(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
+    solo = greedy_reference(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
     assert tokens[:n] == solo
 
 
@@ -102,5 +103,5 @@ def test_a_speculating_row_goes_back_alone_from_the_batchs_caches(family, sampli
     batch.remove(row)
     tokens += alone(model, drafter, sequence, prompt + tokens, n - len(tokens), sampling)
 
-    solo = mlx_alone(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
+    solo = greedy_reference(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
     assert tokens[:n] == solo

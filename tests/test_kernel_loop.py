@@ -14,7 +14,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx.utils import tree_map
-from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from mlx_lm.utils import _get_classes
 
@@ -22,6 +21,7 @@ from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.kernels import decoder, metal_ready
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
+from references import greedy_reference
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 4
 FAMILIES = {  # model type: (bits, group size, extra ModelArgs)
@@ -92,11 +92,6 @@ class TruthDrafter(Drafter):
         return mx.where(mx.arange(VOCAB)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
 
 
-def mlx_lm_greedy(model) -> list[int]:
-    steps = mlx_lm_generate_step(mx.array(PROMPT), model, max_tokens=MAX_TOKENS)
-    return [int(t) for t, _ in steps]
-
-
 def dflash_greedy(model, drafter, stats=None, **kw) -> list[int]:
     out = []
     for committed, _, _ in generate_step(PROMPT, model, drafter, block_size=8, stats=stats, **kw):
@@ -154,7 +149,7 @@ def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_greedy_with_kernels_is_token_identical(model_type, metal_calls):
     model = tiny_target(model_type)
-    reference = mlx_lm_greedy(model)
+    reference = greedy_reference(model, PROMPT, MAX_TOKENS)
     assert len(set(reference)) > MAX_TOKENS // 2, reference  # a varied text, not one token repeated
     assert dflash_greedy(model, tiny_drafter(), kernels=True) == reference  # random drafter: rejections
     assert metal_calls, "the verify never went through verify_qmm"
@@ -167,7 +162,7 @@ def test_kernels_stay_off_where_they_cannot_help(kernel_calls):
     """Unquantized models run their own modules; by default the kernels are on only on Apple GPUs."""
     assert not make_target(tiny_target("qwen3", quantize=False)).use_kernels().kernels
     model = tiny_target("llama")
-    assert dflash_greedy(model, tiny_drafter(), kernels=False) == mlx_lm_greedy(model)
+    assert dflash_greedy(model, tiny_drafter(), kernels=False) == greedy_reference(model, PROMPT, MAX_TOKENS)
     assert kernel_calls == []
     dflash_greedy(model, tiny_drafter())
     assert bool(kernel_calls) == metal_ready()

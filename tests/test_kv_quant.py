@@ -17,22 +17,17 @@ import itertools
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step as mlx_lm_generate_step
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.options import OptionError
 from dflash_mlx.speculative import GenerationStats, generate_step
 from conftest import smollm2_drafter_config
+from references import greedy_reference
 from test_lossless import ScriptedDrafter, chat
 from tiny_targets import tiny_target
 
 N = 24
 KV = dict(kv_bits=8, kv_group_size=64)
-
-
-def reference(model, prompt: list[int], start: int) -> list[int]:
-    steps = mlx_lm_generate_step(mx.array(prompt), model, max_tokens=N, quantized_kv_start=start, **KV)
-    return [t for t, _ in itertools.islice(steps, N)]
 
 
 def ours(model, prompt: list[int], drafter, start: int, **kw) -> tuple[list[int], GenerationStats]:
@@ -50,7 +45,7 @@ def test_greedy_on_a_quantized_cache_is_mlx_lm_greedy(default_model, offset):
     model, tokenizer = default_model
     prompt = chat(tokenizer, "Write a haiku about the sea.")
     start = 0 if offset is None else len(prompt) + offset
-    ref = reference(model, prompt, start)
+    ref = greedy_reference(model, prompt, N, quantized_kv_start=start, **KV)
     drafter = ScriptedDrafter(prompt + ref + [0] * 16, lambda cycle, k: k == 3)  # 2 of 7 drafts accepted
     got, stats = ours(model, prompt, drafter, start, block_size=8)
     assert got == ref

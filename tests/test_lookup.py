@@ -32,7 +32,8 @@ from dflash_mlx.lookup import lookup
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import build_tree
-from test_targets import random_drafter, reference
+from references import greedy_reference
+from test_targets import random_drafter
 from test_tree import random_candidates
 from test_tree_loop import run
 from tiny_targets import tiny_target
@@ -113,7 +114,7 @@ def test_lookup_is_lossless_and_pays_on_repeats(name):
     model = tiny_target(name, scale=2.0)
     drafter = random_drafter(make_target(model), 0)
     prompt = [3, 17, 29, 41, 5, 60] * 4  # the answer repeats itself here and there: the lookup guesses right
-    want = reference(model, prompt, 48)
+    want = greedy_reference(model, prompt, 48)
     (on, with_lookup), (off, without) = (run(model, prompt, drafter, 48, tree_budget=6, lookup=k) for k in (4, 0))
     assert on == want and off == want
     assert with_lookup.mean_acceptance > without.mean_acceptance, (with_lookup.mean_acceptance, without.mean_acceptance)
@@ -152,7 +153,7 @@ def test_a_guess_below_the_block_commits_more_than_a_block(default_model):
         "The old lighthouse keeper counted forty-two ships passing the northern rocks before dawn."
     )
     prompt = apply_chat_template(tokenizer, [{"role": "user", "content": text}])
-    want = reference(model, prompt, 64)
+    want = greedy_reference(model, prompt, 64)
     tokens, stats = run(model, prompt, drafter, 64, tree_budget=16)
     assert tokens == want
     assert max(stats.accepted_lengths) > drafter.config.block_size, stats.accepted_lengths
@@ -180,7 +181,7 @@ def test_chains_take_the_guess_losslessly(name):
     model = tiny_target(name, scale=2.0)
     drafter = random_drafter(make_target(model), 0)  # random: it rarely guesses right
     prompt = [3, 17, 29, 41, 5, 60] * 4
-    want = reference(model, prompt, 48)
+    want = greedy_reference(model, prompt, 48)
     (on, with_lookup), (off, without) = (run(model, prompt, drafter, 48, block_size=6, lookup=k) for k in (4, 0))
     assert on == want and off == want
     assert with_lookup.lookup_chains > 0 and without.lookup_chains == 0

@@ -12,7 +12,8 @@ import pytest
 from dflash_mlx import Pair, make_prompt_cache
 from dflash_mlx.speculative import generate_step
 from dflash_mlx.targets import make_target
-from test_targets import ours, prompt_of, random_drafter, reference
+from references import greedy_reference
+from test_targets import ours, prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 N = 24
@@ -50,4 +51,4 @@ def test_interleaved_sequences_equal_their_solo_text(name, kw):
     assert interleaved(model, drafter, PROMPTS, **kw) == solo
     assert Pair.of(model, drafter) is pair  # one pair served every generation
     if "temp" not in kw:
-        assert solo == [reference(model, p, N) for p in PROMPTS]
+        assert solo == [greedy_reference(model, p, N) for p in PROMPTS]

@@ -17,13 +17,10 @@ test_targets_sampling.py.
 
 from __future__ import annotations
 
-import itertools
-
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
@@ -33,6 +30,7 @@ from dflash_mlx.rollback import Checkpoint
 from dflash_mlx.speculative import generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
+from references import greedy_reference
 from test_lossless import ScriptedPolicy
 from tiny_targets import FAMILIES, VOCAB, WINDOW, tiny_drafter_config, tiny_target
 
@@ -76,11 +74,6 @@ PATTERNS = [lambda k: True, lambda k: k == 1, lambda k: k == BLOCK - 1, lambda k
 
 def prompt_of(length: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(1, MASK, size=length).tolist()
-
-
-def reference(model, prompt: list[int], n: int) -> list[int]:
-    """mlx-lm's own greedy decoding."""
-    return [t for t, _ in itertools.islice(mlx_lm_generate_step(mx.array(prompt), model, max_tokens=n), n)]
 
 
 def ours(model, prompt, drafter, n: int, **kw) -> tuple[list[int], list[int]]:
@@ -128,7 +121,7 @@ def test_greedy_lossless(family):
     seen = set()
     for i, (length, n) in enumerate(LENGTHS):
         prompt = prompt_of(length, i)
-        ref = reference(model, prompt, n)
+        ref = greedy_reference(model, prompt, n)
         assert ours(model, prompt, random_drafter(target, i), n, block_size=BLOCK)[0] == ref, (name, length)
         drafter = ScriptedDrafter(
             target, prompt + ref + [0] * BLOCK, lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k)
@@ -164,7 +157,7 @@ def test_multi_turn_reuse(family, kind):
             prompt = prompt + reply[:1] + [(reply[1] + 1) % MASK] + reply[2:] + prompt_of(2, 13)
         elif turn == 3:
             prompt = prompt[:3] + [(prompt[3] + 1) % MASK] + prompt[4:]
-        ref = reference(model, prompt, 16)
+        ref = greedy_reference(model, prompt, 16)
         drafter.truth = prompt + ref + [0] * BLOCK
         stats = dflash_mlx.speculative.GenerationStats()
         reply = ours(model, prompt, drafter, 16, block_size=BLOCK, prompt_cache=cache, stats=stats)[0]

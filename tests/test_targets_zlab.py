@@ -22,7 +22,8 @@ from dflash_mlx.drafters import save_drafter
 from dflash_mlx.speculative import stream_generate
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
-from test_targets import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of, reference
+from references import greedy_reference
+from test_targets import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of
 from tiny_targets import HIDDEN, VOCAB, tiny_target
 from zlab_run import zlab_generate
 
@@ -112,7 +113,7 @@ def test_qwen3_5_scripted_drafters_equal_zlab_mlx(default_model):
     seen = set()
     for i, length in enumerate([5, 17]):
         prompt = prompt_of(length, 20 + i)
-        truth = prompt + reference(model, prompt, 40) + [0] * BLOCK
+        truth = prompt + greedy_reference(model, prompt, 40) + [0] * BLOCK
         corrupt = lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k)  # noqa: E731
         want, their_cycles = zlab_generate(
             theirs_model, _zlab_scripted_drafter(target, truth, corrupt), tokenizer, prompt, 40, BLOCK

@@ -32,7 +32,8 @@ from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from chi_square import assert_fits
-from test_targets import BLOCK, drafter_config, prompt_of, random_drafter, reference
+from references import greedy_reference
+from test_targets import BLOCK, drafter_config, prompt_of, random_drafter
 from tiny_targets import VOCAB, tiny_target
 
 TREE_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
@@ -97,7 +98,7 @@ def test_greedy_with_trees_is_mlx_lm_greedy(family, budget):
     accepted = set()
     for i, (length, n) in enumerate([(5, 28), (13, 24)]):
         prompt = prompt_of(length, i)
-        ref = reference(model, prompt, n)
+        ref = greedy_reference(model, prompt, n)
         got, stats = run(model, prompt, random_drafter(target, i), n, **_kind(budget))
         assert got == ref, (name, budget, "random")
         for rank in RANKS:
@@ -119,7 +120,7 @@ def test_the_default_policy_weighs_trees(family):
 
     name, model, target = family
     prompt = prompt_of(9, 4)
-    ref = reference(model, prompt, 24)
+    ref = greedy_reference(model, prompt, 24)
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2])
     sequence = speculative.make_prompt_cache(model, drafter)
     assert run(model, prompt, drafter, 24, prompt_cache=sequence)[0] == ref, name
@@ -153,7 +154,7 @@ def test_a_tree_cycle_shows_the_chains_outcome(rank, chain):
     on the same tokens (the adaptive policy's chain estimates learn from it)."""
     model = tiny_target("llama", scale=2.0)
     target, prompt = make_target(model), prompt_of(6, 5)
-    ref = reference(model, prompt, 40)
+    ref = greedy_reference(model, prompt, 40)
     policy = AlwaysTree()
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, rank)
     assert run(model, prompt, drafter, 40, policy=policy, lookup=0)[0] == ref  # the drafter's tree alone
@@ -165,7 +166,7 @@ def test_a_tree_cycle_shows_the_chains_outcome(rank, chain):
 def test_tree_budget_zero_is_the_chain(family):
     name, model, target = family
     prompt = prompt_of(7, 3)
-    ref = reference(model, prompt, 30)
+    ref = greedy_reference(model, prompt, 30)
     runs = [
         run(model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 30, block_size=BLOCK, **kw)
         for kw in ({}, {"tree_budget": 0})
@@ -183,7 +184,7 @@ def test_hybrid_and_sliding_targets_keep_the_chain(name):
     model = tiny_target(name, scale=2.0)
     target = make_target(model)
     prompt = prompt_of(11, 5)
-    ref = reference(model, prompt, 20)
+    ref = greedy_reference(model, prompt, 20)
     for budget in (8, None):
         got, stats = run(
             model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 20, **_kind(budget)
@@ -275,7 +276,7 @@ def test_dflash2_trees_use_the_selectors_candidates_and_path():
     model = tiny_target("llama", scale=2.0)
     drafter, prompt = dflash2_drafter(make_target(model)), prompt_of(6, 5)
     target = make_target(model, drafter.config.target_layer_ids)
-    ref = reference(model, prompt, 12)
+    ref = greedy_reference(model, prompt, 12)
     policy = AlwaysTree()
     assert run(model, prompt, drafter, 12, policy=policy, lookup=0)[0] == ref
     # the first tree cycle, by hand: the drafter's context is the prompt's features
