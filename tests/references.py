@@ -1,14 +1,20 @@
-"""The runs that tests compare: mlx-lm's own greedy decoding (the reference every
-lossless test checks against)."""
+"""The two runs that tests compare: mlx-lm's own greedy decoding (the reference every
+lossless test checks against) and the first tokens of our `generate_step` with its stats."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import closing
+from dataclasses import asdict
+from typing import Any, Optional, Sequence
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
+
+from dflash_mlx.drafter import Drafter
+from dflash_mlx.sampling import SamplingParams
+from dflash_mlx.speculative import GenerationStats, generate_step
 
 
 def greedy_reference(model: nn.Module, prompt: Sequence[int], n: int, **kw: Any) -> list[int]:
@@ -16,3 +22,29 @@ def greedy_reference(model: nn.Module, prompt: Sequence[int], n: int, **kw: Any)
     on `prompt`; `kw` go to it (`kv_bits`, `quantized_kv_start`, ...)."""
     steps = mlx_lm_generate_step(mx.array(prompt), model, max_tokens=n, **kw)
     return [int(token) for token, _ in steps]
+
+
+def dflash_tokens(
+    model: nn.Module,
+    prompt: Sequence[int],
+    drafter: Optional[Drafter],
+    n: int,
+    *,
+    stats: Optional[GenerationStats] = None,
+    sampling: Optional[SamplingParams] = None,
+    whole_cycles: bool = False,
+    **kw: Any,
+) -> tuple[list[int], GenerationStats]:
+    """The first `n` tokens of our `generate_step` on `prompt` and the run's `stats` (fresh
+    ones unless given). `kw` go to `generate_step`, `max_tokens=n` unless given (None: no
+    limit, so blocks do not shrink near `n`), and `sampling`'s fields as keywords.
+    `whole_cycles`: every token of the cycles run, the last one's past `n` too."""
+    stats = stats if stats is not None else GenerationStats()
+    options = {"max_tokens": n, **(asdict(sampling) if sampling is not None else {}), **kw}
+    tokens: list[int] = []
+    with closing(generate_step(prompt, model, drafter, stats=stats, **options)) as steps:
+        for committed, _, _ in steps:
+            tokens += committed
+            if len(tokens) >= n:
+                break
+    return (tokens if whole_cycles else tokens[:n]), stats

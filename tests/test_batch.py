@@ -24,10 +24,9 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, cache_length, refusal
 from dflash_mlx.sampling import SamplingParams
-from dflash_mlx.speculative import generate_step
 
 from batch_rows import prefill
-from references import greedy_reference
+from references import dflash_tokens, greedy_reference
 from tiny_targets import VOCAB, tiny_target
 
 SAMPLED = [SamplingParams(0.9, 0.9, 0, 11), SamplingParams(1.0, 1.0, 20, 12), SamplingParams(0.7, 0.8, 30, 13)]
@@ -48,16 +47,6 @@ def _models():
 @pytest.fixture(scope="module")
 def models():
     return _models()
-
-
-def ours_alone(model, prompt: list[int], n: int, sampling: SamplingParams) -> list[int]:
-    """Our loop's tokens (no drafter) for `prompt` alone with `sampling`."""
-    p = sampling
-    tokens = []
-    for committed, _, _ in generate_step(prompt, model, None, temp=p.temp, top_p=p.top_p, top_k=p.top_k, seed=p.seed):
-        tokens += committed
-        if len(tokens) >= n:
-            return tokens[:n]
 
 
 def _join(decoder: BatchDecoder, model, prompt: list[int], sampling: SamplingParams, between=None) -> int:
@@ -117,7 +106,7 @@ def test_greedy_rows_equal_their_solo_text(models, family):
         prompt, n = _prompt(length, k), _expected_length(k, out)
         assert len(out[k]) == n and (cancel is None or 0 < n < max_tokens)
         assert out[k] == greedy_reference(model, prompt, n), f"{family} request {k}: batched text differs from mlx-lm's"
-        assert out[k] == ours_alone(model, prompt, n, SamplingParams()), f"{family} request {k}"
+        assert out[k] == dflash_tokens(model, prompt, None, n, sampling=SamplingParams())[0], f"{family} request {k}"
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5", "gpt_oss"])
@@ -127,7 +116,7 @@ def test_seeded_rows_equal_their_solo_text(models, family):
     samplings[4] = SamplingParams()  # a greedy row among sampled ones
     out = run_schedule(model, samplings)
     for k, (length, *_) in enumerate(SCHEDULE):
-        alone = ours_alone(model, _prompt(length, k), _expected_length(k, out), samplings[k])
+        alone = dflash_tokens(model, _prompt(length, k), None, _expected_length(k, out), sampling=samplings[k])[0]
         assert out[k] == alone, f"{family} request {k}: batched text differs from its solo text"
 
 
@@ -244,4 +233,6 @@ def test_random_schedules_with_extract_round_trips(models, family):
                 if len(out[owner[uid]]) == requests[owner[uid]]["n"]:
                     decoder.remove(uid)
         for k, r in enumerate(requests):
-            assert out[k] == ours_alone(model, r["prompt"], r["n"], r["sampling"]), f"{family} request {k}: {r}"
+            assert out[k] == dflash_tokens(model, r["prompt"], None, r["n"], sampling=r["sampling"])[0], (
+                f"{family} request {k}: {r}"
+            )

@@ -30,8 +30,8 @@ from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.targets import make_target
 
 from conftest import smollm2_drafter_config
-from references import greedy_reference
-from test_batch import SAMPLED, ours_alone
+from references import dflash_tokens, greedy_reference
+from test_batch import SAMPLED
 from batch_rows import prefill
 from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
 
@@ -157,7 +157,10 @@ def test_seeded_rows_equal_their_solo_text(models, family):
     model = models[family]
     samplings = [SAMPLED[k % len(SAMPLED)] for k in range(len(REQUESTS))]
     samplings[3] = SamplingParams()  # a greedy row among sampled ones
-    solo = [ours_alone(model, _prompt(n_p, k), n + BLOCK, samplings[k]) for k, (n_p, n, _) in enumerate(REQUESTS)]
+    solo = [
+        dflash_tokens(model, _prompt(n_p, k), None, n + BLOCK, sampling=samplings[k])[0]
+        for k, (n_p, n, _) in enumerate(REQUESTS)
+    ]
     out = run(model, _scripted(model), samplings, solo)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from its solo text"
@@ -170,7 +173,7 @@ def test_smollm2_rows_equal_their_solo_text(default_model):
     samplings = [SamplingParams(), SAMPLED[0], SamplingParams(), SAMPLED[1]]
     prompts = [_prompt(length, k, vocab) for k, (length, *_) in enumerate(REQUESTS)]
     solo = [
-        greedy_reference(model, p, n + BLOCK) if s.greedy else ours_alone(model, p, n + BLOCK, s)
+        greedy_reference(model, p, n + BLOCK) if s.greedy else dflash_tokens(model, p, None, n + BLOCK, sampling=s)[0]
         for p, (_, n, _), s in zip(prompts, REQUESTS, samplings)
     ]
     out = run(model, _scripted(model, vocab), samplings, solo, vocab)
@@ -298,7 +301,11 @@ def test_lookup_guesses_keep_each_rows_text(models):
     assert max(kept) >= 2  # guessed tokens were accepted
     for uid, prompt, sampling in zip(uids, prompts, samplings):
         n = len(got[uid])
-        solo = greedy_reference(model, prompt, n) if sampling.greedy else ours_alone(model, prompt, n, sampling)
+        solo = (
+            greedy_reference(model, prompt, n)
+            if sampling.greedy
+            else dflash_tokens(model, prompt, None, n, sampling=sampling)[0]
+        )
         assert got[uid] == solo, f"row {uid}: batched text with lookup differs from its solo text"
     with pytest.raises(ValueError, match="lookup must be"):
         spec.add(make_prompt_cache(model), 1, SamplingParams(), lookup=-1)

@@ -12,8 +12,8 @@ import pytest
 from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.sampling import SamplingParams
 
-from references import greedy_reference
-from test_batch import SAMPLED, ours_alone
+from references import dflash_tokens, greedy_reference
+from test_batch import SAMPLED
 from test_batch_spec import BLOCK, PATTERNS, _join, _prompt, _scripted
 from tiny_targets import tiny_target
 
@@ -32,7 +32,7 @@ def _solo(model, k: int, length: int, n: int, sampling: SamplingParams) -> list[
     return (
         greedy_reference(model, prompt, n + BLOCK)
         if sampling.greedy
-        else ours_alone(model, prompt, n + BLOCK, sampling)
+        else dflash_tokens(model, prompt, None, n + BLOCK, sampling=sampling)[0]
     )
 
 

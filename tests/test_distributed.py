@@ -222,23 +222,18 @@ def tiny_pair(family: str, tokenizer_dir: Path, tmp_path: Path) -> tuple[Path, P
 
 def run(model_dir: Path, drafter, sharding) -> dict:
     """Greedy and seeded (T = 1) DFlash tokens and the captured features of the prompt."""
-    from dflash_mlx import generate_step, load
+    from dflash_mlx import load
     from mlx_lm.models.cache import make_prompt_cache as make_target_cache
     from dflash_mlx.targets import make_target
+    from references import dflash_tokens
 
     model, tokenizer = load(str(model_dir), sharding=sharding)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     target = make_target(model, drafter.config.target_layer_ids)
     _, features = target.forward(mx.array(prompt)[None], make_target_cache(model))  # (1, L, 2 * hidden)
 
-    def tokens(temp: float) -> list[int]:
-        out = []
-        for committed, _, _ in generate_step(prompt, model, drafter, temp=temp, seed=3, max_tokens=8):
-            out += committed
-            if len(out) >= 8:
-                return out[:8]
-
-    return {"greedy": tokens(0.0), "sampled": tokens(1.0), "features": features.tolist()}
+    greedy, sampled = (dflash_tokens(model, prompt, drafter, 8, temp=temp, seed=3)[0] for temp in (0.0, 1.0))
+    return {"greedy": greedy, "sampled": sampled, "features": features.tolist()}
 
 
 def _worker(model_dir: str, draft_dir: str, sharding: str) -> None:

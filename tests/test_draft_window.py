@@ -16,9 +16,8 @@ import pytest
 from dflash_mlx.context_cache import ContextCache
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.options import DRAFT_WINDOW, DecodeOptions, OptionError
-from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
-from references import greedy_reference
+from references import dflash_tokens, greedy_reference
 from test_targets import MASK, drafter_config, prompt_of
 from tiny_targets import HIDDEN, tiny_target
 
@@ -69,15 +68,10 @@ def test_greedy_with_a_window_is_mlx_lm_greedy(window, sink):
     target = make_target(model)
     prompt, n = prompt_of(21, 2), 28
     ref = greedy_reference(model, prompt, n)
-    tokens, stats = [], GenerationStats()
-    steps = generate_step(
-        prompt, model, _drafter(target), max_tokens=n, block_size=4, stats=stats, draft_window=window, draft_sink=sink
+    tokens, stats = dflash_tokens(
+        model, prompt, _drafter(target), n, block_size=4, draft_window=window, draft_sink=sink
     )
-    for committed, _, _ in steps:
-        tokens += committed
-        if len(tokens) >= n:
-            break
-    assert tokens[:n] == ref
+    assert tokens == ref
     kept = len(prompt) + n if window == 0 else window + sink
     assert 0 < stats.draft_cache_tokens <= kept and stats.draft_cache_bytes > 0
 

@@ -17,8 +17,8 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
-from references import greedy_reference
-from test_batch import _prompt, ours_alone
+from references import dflash_tokens, greedy_reference
+from test_batch import _prompt
 from batch_rows import prefill
 from tiny_targets import tiny_drafter_config, tiny_target
 
@@ -27,23 +27,10 @@ from dflash_mlx.batch import BatchDecoder, cache_length
 from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import SamplingParams
-from dflash_mlx.speculative import generate_step
 
 GREEDY, SEEDED = SamplingParams(), SamplingParams(0.9, 0.9, 0, 11)
-
-
-def alone(model, drafter, sequence, fed: list[int], at_least: int, p: SamplingParams) -> list[int]:
-    """Decode `fed` speculatively on `sequence` for whole cycles until `at_least` tokens came."""
-    out = []
-    steps = generate_step(
-        fed, model, drafter, prompt_cache=sequence, block_size=4, temp=p.temp, top_p=p.top_p, seed=p.seed
-    )
-    for committed, _, _ in steps:
-        out += committed
-        if len(out) >= at_least:
-            break
-    steps.close()
-    return out
+#: How a sequence decodes alone (`dflash_tokens`): whole cycles, blocks of 4, no limit to shrink them.
+ALONE = dict(block_size=4, max_tokens=None, whole_cycles=True)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5", "gpt_oss", "gemma4_text"])
@@ -54,7 +41,7 @@ def test_a_speculative_cache_joins_the_batch_and_comes_back_exactly(family, samp
     drafter = Drafter(tiny_drafter_config(len(model.layers), 4))
     prompt, n = _prompt(40, 1), 32
     sequence = make_prompt_cache(model, drafter)
-    tokens = alone(model, drafter, sequence, prompt, 9, sampling)
+    tokens = dflash_tokens(model, prompt, drafter, 9, prompt_cache=sequence, sampling=sampling, **ALONE)[0]
     fed = prompt + tokens
     held = sequence.cache.reuse(fed, with_drafter=True)
     assert held == len(fed) - 1 and sequence.cache.tokens == fed[:-1]  # nothing to prefill again
@@ -65,9 +52,15 @@ def test_a_speculative_cache_joins_the_batch_and_comes_back_exactly(family, samp
     row = decoder.add(sequence.cache.target, fed[-1], sampling)
     for _ in range(8):
         tokens += [d.token for d in decoder.step() if d.uid == row]
-    tokens += alone(model, drafter, sequence, prompt + tokens, n - len(tokens), sampling)
+    tokens += dflash_tokens(
+        model, prompt + tokens, drafter, n - len(tokens), prompt_cache=sequence, sampling=sampling, **ALONE
+    )[0]
 
-    solo = greedy_reference(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
+    solo = (
+        greedy_reference(model, prompt, n)
+        if sampling is GREEDY
+        else dflash_tokens(model, prompt, None, n, sampling=sampling)[0]
+    )
     assert tokens[:n] == solo
 
 
@@ -79,7 +72,7 @@ def test_a_speculating_row_goes_back_alone_from_the_batchs_caches(family, sampli
     drafter = Drafter(tiny_drafter_config(len(model.layers), 4))
     prompt, n = _prompt(40, 1), 40
     sequence = make_prompt_cache(model, drafter)
-    tokens = alone(model, drafter, sequence, prompt, 5, sampling)
+    tokens = dflash_tokens(model, prompt, drafter, 5, prompt_cache=sequence, sampling=sampling, **ALONE)[0]
     fed = prompt + tokens
     assert sequence.cache.reuse(fed, with_drafter=True) == len(fed) - 1
     joined = sequence.cache.context_copy()[0].offset
@@ -101,7 +94,13 @@ def test_a_speculating_row_goes_back_alone_from_the_batchs_caches(family, sampli
         sequence.cache.take_over(target, draft, (prompt + tokens)[:-1])
         assert sequence.cache.reuse(prompt + tokens, with_drafter=True) == len(prompt + tokens) - 1  # nothing again
     batch.remove(row)
-    tokens += alone(model, drafter, sequence, prompt + tokens, n - len(tokens), sampling)
+    tokens += dflash_tokens(
+        model, prompt + tokens, drafter, n - len(tokens), prompt_cache=sequence, sampling=sampling, **ALONE
+    )[0]
 
-    solo = greedy_reference(model, prompt, n) if sampling is GREEDY else ours_alone(model, prompt, n, sampling)
+    solo = (
+        greedy_reference(model, prompt, n)
+        if sampling is GREEDY
+        else dflash_tokens(model, prompt, None, n, sampling=sampling)[0]
+    )
     assert tokens[:n] == solo

@@ -14,7 +14,8 @@ from dflash_mlx.cache import MARKS, PromptCache
 from dflash_mlx.cycles import PREFILL_STEP
 from dflash_mlx.targets import make_target
 from test_draft_window import _drafter
-from test_prompt_cache_file import _run
+from references import dflash_tokens
+from test_prompt_cache_file import DECODE, N
 from test_server import CHAT, client, mlx_lm_greedy  # noqa: F401  (client: a fixture)
 from test_targets import prompt_of
 from tiny_targets import tiny_target
@@ -31,8 +32,8 @@ def test_a_shared_prefix_is_reused_and_lossless(family):
     cached = []
     for seed in (2, 3, 4):
         prompt = SYSTEM + prompt_of(6, seed)
-        want, _ = _run(prompt, model, drafter)
-        got, stats = _run(prompt, model, drafter, cache)
+        want, _ = dflash_tokens(model, prompt, drafter, N, **DECODE)
+        got, stats = dflash_tokens(model, prompt, drafter, N, prompt_cache=cache, **DECODE)
         assert got == want
         cached.append(stats.prompt_cached)
     if hybrid:  # 2nd: nothing to go back to, but the shared prefix is snapshotted on the way

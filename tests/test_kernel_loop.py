@@ -19,9 +19,8 @@ from mlx_lm.utils import _get_classes
 
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.kernels import decoder, metal_ready
-from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
-from references import greedy_reference
+from references import dflash_tokens, greedy_reference
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 4
 FAMILIES = {  # model type: (bits, group size, extra ModelArgs)
@@ -31,6 +30,8 @@ FAMILIES = {  # model type: (bits, group size, extra ModelArgs)
 }
 PROMPT = [5, 17, 99, 3, 42, 42, 7, 180, 64, 1, 250, 9]
 MAX_TOKENS = 24
+#: How `dflash_tokens` decodes: blocks of 8 to the end (no limit: the last block runs past MAX_TOKENS).
+DECODE = dict(block_size=8, max_tokens=None)
 
 
 def tiny_target(model_type: str, quantize: bool = True) -> nn.Module:
@@ -92,14 +93,6 @@ class TruthDrafter(Drafter):
         return mx.where(mx.arange(VOCAB)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
 
 
-def dflash_greedy(model, drafter, stats=None, **kw) -> list[int]:
-    out = []
-    for committed, _, _ in generate_step(PROMPT, model, drafter, block_size=8, stats=stats, **kw):
-        out += committed
-        if len(out) >= MAX_TOKENS:
-            return out[:MAX_TOKENS]
-
-
 def _counted(monkeypatch, use_kernel: bool) -> list:
     """The shapes of the projections that go to verify_qmm (our own function, not the
     model's), each run with `use_kernel`."""
@@ -151,10 +144,11 @@ def test_greedy_with_kernels_is_token_identical(model_type, metal_calls):
     model = tiny_target(model_type)
     reference = greedy_reference(model, PROMPT, MAX_TOKENS)
     assert len(set(reference)) > MAX_TOKENS // 2, reference  # a varied text, not one token repeated
-    assert dflash_greedy(model, tiny_drafter(), kernels=True) == reference  # random drafter: rejections
+    got, _ = dflash_tokens(model, PROMPT, tiny_drafter(), MAX_TOKENS, kernels=True, **DECODE)
+    assert got == reference  # random drafter: rejections
     assert metal_calls, "the verify never went through verify_qmm"
-    stats = GenerationStats()
-    assert dflash_greedy(model, TruthDrafter(reference), stats, kernels=True) == reference
+    got, stats = dflash_tokens(model, PROMPT, TruthDrafter(reference), MAX_TOKENS, kernels=True, **DECODE)
+    assert got == reference
     assert set(stats.accepted_lengths[:-1]) == {5}  # the last block runs past the reference
 
 
@@ -162,7 +156,8 @@ def test_kernels_stay_off_where_they_cannot_help(kernel_calls):
     """Unquantized models run their own modules; by default the kernels are on only on Apple GPUs."""
     assert not make_target(tiny_target("qwen3", quantize=False)).use_kernels().kernels
     model = tiny_target("llama")
-    assert dflash_greedy(model, tiny_drafter(), kernels=False) == greedy_reference(model, PROMPT, MAX_TOKENS)
+    got, _ = dflash_tokens(model, PROMPT, tiny_drafter(), MAX_TOKENS, kernels=False, **DECODE)
+    assert got == greedy_reference(model, PROMPT, MAX_TOKENS)
     assert kernel_calls == []
-    dflash_greedy(model, tiny_drafter())
+    dflash_tokens(model, PROMPT, tiny_drafter(), MAX_TOKENS, **DECODE)
     assert bool(kernel_calls) == metal_ready()

@@ -20,24 +20,14 @@ import pytest
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.options import OptionError
-from dflash_mlx.speculative import GenerationStats, generate_step
+from dflash_mlx.speculative import generate_step
 from conftest import smollm2_drafter_config
-from references import greedy_reference
+from references import dflash_tokens, greedy_reference
 from test_lossless import ScriptedDrafter, chat
 from tiny_targets import tiny_target
 
 N = 24
 KV = dict(kv_bits=8, kv_group_size=64)
-
-
-def ours(model, prompt: list[int], drafter, start: int, **kw) -> tuple[list[int], GenerationStats]:
-    tokens, stats = [], GenerationStats()
-    for committed, _, _ in generate_step(
-        prompt, model, drafter, max_tokens=N, stats=stats, quantized_kv_start=start, **KV, **kw
-    ):
-        tokens += committed
-        if len(tokens) >= N:
-            return tokens[:N], stats
 
 
 @pytest.mark.parametrize("offset", [None, 7], ids=["from-the-start", "mid-decode"])
@@ -47,12 +37,12 @@ def test_greedy_on_a_quantized_cache_is_mlx_lm_greedy(default_model, offset):
     start = 0 if offset is None else len(prompt) + offset
     ref = greedy_reference(model, prompt, N, quantized_kv_start=start, **KV)
     drafter = ScriptedDrafter(prompt + ref + [0] * 16, lambda cycle, k: k == 3)  # 2 of 7 drafts accepted
-    got, stats = ours(model, prompt, drafter, start, block_size=8)
+    got, stats = dflash_tokens(model, prompt, drafter, N, quantized_kv_start=start, **KV, block_size=8)
     assert got == ref
     assert 3 in stats.accepted_lengths
     mx.random.seed(1)
     random = Drafter(smollm2_drafter_config())
-    got, stats = ours(model, prompt, random, start, tree_budget=4)
+    got, stats = dflash_tokens(model, prompt, random, N, quantized_kv_start=start, **KV, tree_budget=4)
     assert got == ref and any(stats.trees)
 
 

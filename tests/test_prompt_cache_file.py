@@ -13,23 +13,15 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import pytest
 
 from dflash_mlx.cache import PromptCache, load_file, save_file
-from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
+from references import dflash_tokens
 from test_draft_window import _drafter
 from test_targets import prompt_of
 from tiny_targets import tiny_target
 
 N = 20
-
-
-def _run(prompt, model, drafter, cache=None) -> tuple[list[int], GenerationStats]:
-    tokens, stats = [], GenerationStats()
-    for committed, _, _ in generate_step(
-        prompt, model, drafter, max_tokens=N, block_size=4, prompt_cache=cache, stats=stats, draft_window=6
-    ):
-        tokens += committed
-        if len(tokens) >= N:
-            return tokens[:N], stats
+#: How `dflash_tokens` decodes the saved prefix and a fresh prefill of the same prompt.
+DECODE = dict(block_size=4, draft_window=6)
 
 
 def test_saved_prefix_gives_the_same_output(tmp_path):
@@ -37,15 +29,15 @@ def test_saved_prefix_gives_the_same_output(tmp_path):
     drafter = _drafter(make_target(model))
     prefix, rest = prompt_of(17, 3), prompt_of(5, 4)
     cache = PromptCache(model, drafter)
-    list(zip(range(1), generate_step(prefix + [7], model, drafter, max_tokens=1, prompt_cache=cache, draft_window=6)))
+    dflash_tokens(model, prefix + [7], drafter, 1, prompt_cache=cache, draft_window=6)
     cache.reuse(prefix + [7], with_drafter=True)  # the prefix only, as cache-prompt leaves it
     path = str(tmp_path / "prefix.safetensors")
     save_file(path, cache, "tiny-llama", "tiny-drafter")
     loaded = load_file(path, model, drafter, "tiny-llama", "tiny-drafter")
     assert loaded.tokens == prefix
     assert all(c.keys.shape[2] == len(prefix) for c in loaded.target)  # the used rows, loaded as a working cache
-    want, _ = _run(prefix + rest, model, drafter)
-    got, stats = _run(prefix + rest, model, drafter, loaded)
+    want, _ = dflash_tokens(model, prefix + rest, drafter, N, **DECODE)
+    got, stats = dflash_tokens(model, prefix + rest, drafter, N, prompt_cache=loaded, **DECODE)
     assert got == want and stats.prompt_cached == len(prefix)
     with pytest.raises(ValueError, match="saved for model 'tiny-llama', not 'other'"):
         load_file(path, model, drafter, "other", "tiny-drafter")
@@ -60,7 +52,7 @@ def _saved(tmp_path, model, drafter, n: int) -> tuple[int, PromptCache]:
     """The size of the file of an n-token prefix, and the cache saved."""
     prefix = prompt_of(n, 3)
     cache = PromptCache(model, drafter)
-    list(zip(range(1), generate_step(prefix + [7], model, drafter, max_tokens=1, prompt_cache=cache)))
+    dflash_tokens(model, prefix + [7], drafter, 1, prompt_cache=cache)
     cache.reuse(prefix + [7], with_drafter=True)
     path = tmp_path / f"{n}.safetensors"
     save_file(str(path), cache, "tiny-llama", "tiny-drafter")
@@ -93,7 +85,7 @@ def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
     drafter = load_draft(None, model=model)
     prefix = tokenizer.encode("Notes: the shop opens at nine and closes at five. " * 6)
     cache = PromptCache(model, drafter)
-    list(zip(range(1), generate_step(prefix + prefix[-1:], model, drafter, max_tokens=1, prompt_cache=cache)))
+    dflash_tokens(model, prefix + prefix[-1:], drafter, 1, prompt_cache=cache)
     cache.reuse(prefix + prefix[-1:], with_drafter=True)
     path = str(tmp_path / "prefix.safetensors")
     save_file(path, cache, *cache_ids(None, None))

@@ -12,8 +12,8 @@ import pytest
 from dflash_mlx import Pair, make_prompt_cache
 from dflash_mlx.speculative import generate_step
 from dflash_mlx.targets import make_target
-from references import greedy_reference
-from test_targets import ours, prompt_of, random_drafter
+from references import dflash_tokens, greedy_reference
+from test_targets import prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 N = 24
@@ -46,7 +46,7 @@ def interleaved(model, drafter, prompts, **kw) -> list[list[int]]:
 def test_interleaved_sequences_equal_their_solo_text(name, kw):
     model = tiny_target(name, scale=2.0)
     drafter = random_drafter(make_target(model), 0)
-    solo = [ours(model, p, drafter, N, **kw)[0] for p in PROMPTS]
+    solo = [dflash_tokens(model, p, drafter, N, **kw)[0] for p in PROMPTS]
     pair = Pair.of(model, drafter)
     assert interleaved(model, drafter, PROMPTS, **kw) == solo
     assert Pair.of(model, drafter) is pair  # one pair served every generation

@@ -27,10 +27,9 @@ from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from dflash_mlx import PromptCache
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.rollback import Checkpoint
-from dflash_mlx.speculative import generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
-from references import greedy_reference
+from references import dflash_tokens, greedy_reference
 from test_lossless import ScriptedPolicy
 from tiny_targets import FAMILIES, VOCAB, WINDOW, tiny_drafter_config, tiny_target
 
@@ -76,16 +75,6 @@ def prompt_of(length: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(1, MASK, size=length).tolist()
 
 
-def ours(model, prompt, drafter, n: int, **kw) -> tuple[list[int], list[int]]:
-    """Our first n tokens and the accepted length of every cycle."""
-    tokens, accepted = [], []
-    for committed, drafted, _ in generate_step(prompt, model, drafter, max_tokens=n, **kw):
-        tokens += committed
-        accepted.append(drafted + 1)
-        if len(tokens) >= n:
-            return tokens[:n], accepted[1:]
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request):
     """Weights x2: sharper, more varied greedy continuations than the init's."""
@@ -122,17 +111,17 @@ def test_greedy_lossless(family):
     for i, (length, n) in enumerate(LENGTHS):
         prompt = prompt_of(length, i)
         ref = greedy_reference(model, prompt, n)
-        assert ours(model, prompt, random_drafter(target, i), n, block_size=BLOCK)[0] == ref, (name, length)
+        assert dflash_tokens(model, prompt, random_drafter(target, i), n, block_size=BLOCK)[0] == ref, (name, length)
         drafter = ScriptedDrafter(
             target, prompt + ref + [0] * BLOCK, lambda c, k, i=i: PATTERNS[(c + i) % len(PATTERNS)](k)
         )
-        got, accepted = ours(model, prompt, drafter, n, block_size=BLOCK)
+        got, stats = dflash_tokens(model, prompt, drafter, n, block_size=BLOCK)
         assert got == ref, (name, length)
-        seen.update(accepted)
+        seen.update(stats.accepted_lengths)
         # Plain steps (pipelined) mixed with blocks of every size.
         drafter = ScriptedDrafter(target, prompt + ref + [0] * BLOCK, lambda c, k: PATTERNS[c % 3](k))
         policy = ScriptedPolicy([1, 3, 1, 1, BLOCK, 2, 5], max_size=BLOCK)
-        assert ours(model, prompt, drafter, n, policy=policy)[0] == ref, (name, length, "mixed sizes")
+        assert dflash_tokens(model, prompt, drafter, n, policy=policy)[0] == ref, (name, length, "mixed sizes")
     assert {1, BLOCK // 2, BLOCK - 1, BLOCK} <= seen  # every kind of rollback ran, and none
 
 
@@ -160,7 +149,7 @@ def test_multi_turn_reuse(family, kind):
         ref = greedy_reference(model, prompt, 16)
         drafter.truth = prompt + ref + [0] * BLOCK
         stats = dflash_mlx.speculative.GenerationStats()
-        reply = ours(model, prompt, drafter, 16, block_size=BLOCK, prompt_cache=cache, stats=stats)[0]
+        reply = dflash_tokens(model, prompt, drafter, 16, block_size=BLOCK, prompt_cache=cache, stats=stats)[0]
         assert reply == ref, (name, turn)
         cached.append(stats.prompt_cached)
         if turn == 1:

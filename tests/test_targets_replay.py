@@ -21,8 +21,8 @@ from dflash_mlx.rollback import Checkpoint
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from metal_emu import MetalKernel
-from references import greedy_reference
-from test_targets import BLOCK, PATTERNS, ScriptedDrafter, ours, prompt_of, random_drafter
+from references import dflash_tokens, greedy_reference
+from test_targets import BLOCK, PATTERNS, ScriptedDrafter, prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 HYBRIDS = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
@@ -93,9 +93,9 @@ def test_greedy_with_tape_rollback_is_token_identical(name, rewinds):
     target = make_target(model)
     prompt = prompt_of(9, 1)
     ref = greedy_reference(model, prompt, 24)
-    assert ours(model, prompt, random_drafter(target, 1), 24, block_size=BLOCK, kernels=True)[0] == ref
+    assert dflash_tokens(model, prompt, random_drafter(target, 1), 24, block_size=BLOCK, kernels=True)[0] == ref
     drafter = ScriptedDrafter(target, prompt + ref + [0] * BLOCK, lambda c, k: PATTERNS[c % len(PATTERNS)](k))
-    assert ours(model, prompt, drafter, 24, block_size=BLOCK, kernels=True)[0] == ref
+    assert dflash_tokens(model, prompt, drafter, 24, block_size=BLOCK, kernels=True)[0] == ref
     assert len(set(rewinds)) > 2  # rollbacks of several sizes went through the tape
 
 

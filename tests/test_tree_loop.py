@@ -32,20 +32,11 @@ from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from chi_square import assert_fits
-from references import greedy_reference
+from references import dflash_tokens, greedy_reference
 from test_targets import BLOCK, drafter_config, prompt_of, random_drafter
 from tiny_targets import VOCAB, tiny_target
 
 TREE_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
-
-
-def run(model, prompt, drafter, n: int, **kw) -> tuple[list[int], GenerationStats]:
-    """Our first n tokens and the run's stats."""
-    tokens, stats = [], GenerationStats()
-    for committed, _, _ in generate_step(prompt, model, drafter, max_tokens=n, stats=stats, **kw):
-        tokens += committed
-        if len(tokens) >= n:
-            return tokens[:n], stats
 
 
 class RankedDrafter(Drafter):
@@ -99,11 +90,11 @@ def test_greedy_with_trees_is_mlx_lm_greedy(family, budget):
     for i, (length, n) in enumerate([(5, 28), (13, 24)]):
         prompt = prompt_of(length, i)
         ref = greedy_reference(model, prompt, n)
-        got, stats = run(model, prompt, random_drafter(target, i), n, **_kind(budget))
+        got, stats = dflash_tokens(model, prompt, random_drafter(target, i), n, **_kind(budget))
         assert got == ref, (name, budget, "random")
         for rank in RANKS:
             drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, rank)
-            got, stats = run(model, prompt, drafter, n, **_kind(budget))
+            got, stats = dflash_tokens(model, prompt, drafter, n, **_kind(budget))
             assert got == ref, (name, budget, length)
             if budget is not None:
                 assert all(stats.trees) and max(stats.block_sizes) == budget + 1
@@ -123,7 +114,7 @@ def test_the_default_policy_weighs_trees(family):
     ref = greedy_reference(model, prompt, 24)
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2])
     sequence = speculative.make_prompt_cache(model, drafter)
-    assert run(model, prompt, drafter, 24, prompt_cache=sequence)[0] == ref, name
+    assert dflash_tokens(model, prompt, drafter, 24, prompt_cache=sequence)[0] == ref, name
     assert type(sequence.policy) is TreePolicy is type(speculative.make_policy(model, drafter))
     assert type(speculative.make_policy(model, drafter, trees=False)) is BlockSizePolicy
 
@@ -157,7 +148,7 @@ def test_a_tree_cycle_shows_the_chains_outcome(rank, chain):
     ref = greedy_reference(model, prompt, 40)
     policy = AlwaysTree()
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, rank)
-    assert run(model, prompt, drafter, 40, policy=policy, lookup=0)[0] == ref  # the drafter's tree alone
+    assert dflash_tokens(model, prompt, drafter, 40, policy=policy, lookup=0)[0] == ref  # the drafter's tree alone
     full = [(a, shown) for w, a, shown in policy.reports[:4]]  # far from max_tokens: full depth
     assert full and all(w.tree for w, _, _ in policy.reports)
     assert all(shown == chain and a >= chain[1] for a, shown in full), full
@@ -168,14 +159,16 @@ def test_tree_budget_zero_is_the_chain(family):
     prompt = prompt_of(7, 3)
     ref = greedy_reference(model, prompt, 30)
     runs = [
-        run(model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 30, block_size=BLOCK, **kw)
+        dflash_tokens(
+            model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 30, block_size=BLOCK, **kw
+        )
         for kw in ({}, {"tree_budget": 0})
     ]
     assert runs[0][0] == runs[1][0] == ref
     assert runs[0][1].block_sizes == runs[1][1].block_sizes and not any(runs[1][1].trees)
     # a fixed block runs chains anyway: where a tree would be verified, tree_budget=0 verifies its chain
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2])
-    got, stats = run(model, prompt, drafter, 30, policy=AlwaysTree(), tree_budget=0)
+    got, stats = dflash_tokens(model, prompt, drafter, 30, policy=AlwaysTree(), tree_budget=0)
     assert got == ref and stats.block_sizes and not any(stats.trees)
 
 
@@ -186,7 +179,7 @@ def test_hybrid_and_sliding_targets_keep_the_chain(name):
     prompt = prompt_of(11, 5)
     ref = greedy_reference(model, prompt, 20)
     for budget in (8, None):
-        got, stats = run(
+        got, stats = dflash_tokens(
             model, prompt, RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2]), 20, **_kind(budget)
         )
         assert got == ref and not any(stats.trees) and stats.tree_budget is None
@@ -278,7 +271,7 @@ def test_dflash2_trees_use_the_selectors_candidates_and_path():
     target = make_target(model, drafter.config.target_layer_ids)
     ref = greedy_reference(model, prompt, 12)
     policy = AlwaysTree()
-    assert run(model, prompt, drafter, 12, policy=policy, lookup=0)[0] == ref
+    assert dflash_tokens(model, prompt, drafter, 12, policy=policy, lookup=0)[0] == ref
     # the first tree cycle, by hand: the drafter's context is the prompt's features
     cache = drafter.make_cache()
     drafter.append_context(target.forward(mx.array(prompt)[None], make_target_cache(model))[1], cache)
