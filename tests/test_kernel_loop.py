@@ -15,18 +15,20 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_map
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
-from mlx_lm.utils import _get_classes
 
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.kernels import decoder, metal_ready
 from dflash_mlx.targets import make_target
 from references import dflash_tokens, greedy_reference
+from tiny_targets import HIDDEN, VOCAB, tiny_target
 
-VOCAB, HIDDEN, LAYERS = 256, 64, 4
-FAMILIES = {  # model type: (bits, group size, extra ModelArgs)
-    "llama": (4, 64, dict(tie_word_embeddings=False)),
+LAYERS = 4
+#: The fields these targets change in `tiny_targets.ARGS`, all families alike.
+SIZES = dict(num_hidden_layers=LAYERS, rms_norm_eps=1e-5, rope_theta=10_000.0, max_position_embeddings=512)
+FAMILIES = {  # model type: (bits, group size, its own changed fields)
+    "llama": (4, 64, dict(attention_bias=False)),
     "qwen2": (8, 32, dict(tie_word_embeddings=True)),
-    "qwen3": (4, 32, dict(tie_word_embeddings=True, head_dim=16)),
+    "qwen3": (4, 32, dict(tie_word_embeddings=True)),
 }
 PROMPT = [5, 17, 99, 3, 42, 42, 7, 180, 64, 1, 250, 9]
 MAX_TOKENS = 24
@@ -34,25 +36,12 @@ MAX_TOKENS = 24
 DECODE = dict(block_size=8, max_tokens=None)
 
 
-def tiny_target(model_type: str, quantize: bool = True) -> nn.Module:
-    bits, group_size, extra = FAMILIES[model_type]
-    model_class, args_class = _get_classes({"model_type": model_type})
-    args = dict(
-        model_type=model_type,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=VOCAB,
-        rope_theta=10_000.0,
-        max_position_embeddings=512,
-        **extra,
-    )
-    mx.random.seed(3)
-    model = model_class(args_class.from_dict(args))
-    model.update(tree_map(lambda p: 3 * p, model.parameters()))  # livelier than the default init: varied greedy text
+def kernel_target(model_type: str, quantize: bool = True) -> nn.Module:
+    """A tiny `model_type` target with every parameter x3 (livelier than the default init:
+    varied greedy text), quantized as FAMILIES says unless not `quantize`."""
+    bits, group_size, fields = FAMILIES[model_type]
+    model = tiny_target(model_type, seed=3, **SIZES, **fields)
+    model.update(tree_map(lambda p: 3 * p, model.parameters()))
     if quantize:
         nn.quantize(model, group_size=group_size, bits=bits)
     mx.eval(model.parameters())
@@ -124,7 +113,7 @@ def metal_calls(monkeypatch):
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
     """Bit for bit, on a verify-sized block after a cached prefix (the fallback computes what the module does)."""
-    model = tiny_target(model_type)
+    model = kernel_target(model_type)
     own, explicit = make_target(model, [1, 2]), make_target(model, [1, 2]).use_kernels()
     assert explicit.kernels and not own.kernels
     caches = [make_target_cache(model), make_target_cache(model)]
@@ -141,7 +130,7 @@ def test_explicit_layer_equals_the_models_own(model_type, kernel_calls):
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_greedy_with_kernels_is_token_identical(model_type, metal_calls):
-    model = tiny_target(model_type)
+    model = kernel_target(model_type)
     reference = greedy_reference(model, PROMPT, MAX_TOKENS)
     assert len(set(reference)) > MAX_TOKENS // 2, reference  # a varied text, not one token repeated
     got, _ = dflash_tokens(model, PROMPT, tiny_drafter(), MAX_TOKENS, kernels=True, **DECODE)
@@ -154,8 +143,8 @@ def test_greedy_with_kernels_is_token_identical(model_type, metal_calls):
 
 def test_kernels_stay_off_where_they_cannot_help(kernel_calls):
     """Unquantized models run their own modules; by default the kernels are on only on Apple GPUs."""
-    assert not make_target(tiny_target("qwen3", quantize=False)).use_kernels().kernels
-    model = tiny_target("llama")
+    assert not make_target(kernel_target("qwen3", quantize=False)).use_kernels().kernels
+    model = kernel_target("llama")
     got, _ = dflash_tokens(model, PROMPT, tiny_drafter(), MAX_TOKENS, kernels=False, **DECODE)
     assert got == greedy_reference(model, PROMPT, MAX_TOKENS)
     assert kernel_calls == []

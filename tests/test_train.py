@@ -13,7 +13,6 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models import llama
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.drafters import load_drafter_dir, save_drafter
@@ -21,6 +20,7 @@ from dflash_mlx.targets import make_target
 from dflash_mlx.train.features import target_pass
 from dflash_mlx.train.initialize import make_config
 from dflash_mlx.train.objective import block_forward, context_mask, loss_weights, make_batch, sample_anchors
+import tiny_targets
 
 
 def target_features(target, tokens, layer_ids):
@@ -28,22 +28,21 @@ def target_features(target, tokens, layer_ids):
 
 
 def tiny_target(vocab=64, layers=4, hidden=32, seed=0):
-    mx.random.seed(seed)
-    args = llama.ModelArgs(
-        model_type="llama",
+    """A frozen tiny llama (`tiny_targets.tiny_target`) of `hidden` wide (heads of
+    hidden / 4), tied embeddings, a vocabulary of `vocab`: the target the drafters train on."""
+    model = tiny_targets.tiny_target(
+        "llama",
+        seed,
+        vocab_size=vocab,
         hidden_size=hidden,
         num_hidden_layers=layers,
         intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=vocab,
         head_dim=hidden // 4,
-        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        attention_bias=False,
         tie_word_embeddings=True,
+        max_position_embeddings=None,  # as a config without one: the drafter's default context
     )
-    model = llama.Model(args)
-    mx.eval(model.parameters())
     model.freeze()
     return model
 

@@ -7,9 +7,14 @@ shared K/V and per-layer inputs)."""
 from __future__ import annotations
 
 import importlib
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
 
 VOCAB = 256
 HIDDEN = 64
@@ -115,46 +120,41 @@ MODULES = {"mistral": ("llama", "mistral"), "llama_swa": ("llama", "llama")}
 FAMILIES = ["qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss", "gemma4_text", "gemma4"]
 
 
-def tiny_target(family: str, seed: int = 0, scale: float = 1.0):
-    """A float32 random `family` model. `scale` multiplies every weight matrix (larger
-    weights give sharper, more varied greedy continuations than the init's near-uniform ones)."""
-    name, kind = MODULES.get(family, (family, family))
-    module = importlib.import_module(f"mlx_lm.models.{name}")
-    mx.random.seed(seed)
-    model = module.Model(module.ModelArgs.from_dict(dict(ARGS[family], model_type=kind)))
-    if scale != 1.0:
-        from mlx.utils import tree_map
+def tiny_config(family: str, vocab_size: Optional[int] = None, **fields) -> dict:
+    """The config.json of a tiny `family` model: `ARGS[family]` and its model type; a
+    `vocab_size` replaces the vocabulary (gemma's per-layer inputs then take the default
+    size, mlx-lm's), `fields` replace or add top-level fields (a test's own sizes)."""
+    args = json.loads(json.dumps(ARGS[family]))
+    if vocab_size is not None:
+        for config in (args, args.get("text_config")):
+            if config is not None and "vocab_size" in config:
+                config["vocab_size"] = vocab_size
+                config.pop("vocab_size_per_layer_input", None)
+    return dict(args, **fields, model_type=MODULES.get(family, (family, family))[1])
 
+
+def tiny_target(family: str, seed: int = 0, scale: float = 1.0, **config):
+    """A float32 random `family` model. `scale` multiplies every weight matrix (larger
+    weights give sharper, more varied greedy continuations than the init's near-uniform
+    ones); `config`: `tiny_config`'s keywords."""
+    module = importlib.import_module(f"mlx_lm.models.{MODULES.get(family, (family,))[0]}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(tiny_config(family, **config)))
+    if scale != 1.0:
         model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
     mx.eval(model.parameters())
     return model
 
 
-def save_tiny_target(family: str, path, tokenizer_dir, vocab_size: int, seed: int = 0, scale: float = 2.0):
-    """A tiny random `family` model saved as an mlx-lm model directory (config.json,
-    model.safetensors and the tokenizer files of `tokenizer_dir`), for `mlx_lm.load`,
-    `dflash generate --model` and the rest. Returns the path."""
-    import json
-    import shutil
-    from pathlib import Path
-
-    from mlx.utils import tree_flatten
-
+def save_tiny_target(family: str, path, tokenizer_dir, vocab_size: int, seed: int = 0, scale: float = 2.0) -> Path:
+    """A tiny random `family` model (`tiny_target`) saved as an mlx-lm model directory
+    (config.json, model.safetensors and the tokenizer files of `tokenizer_dir`), for
+    `mlx_lm.load`, `dflash generate --model` and the rest. Returns the path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    args = json.loads(json.dumps(ARGS[family]))
-    for config in (args, args.get("text_config")):
-        if config is not None and "vocab_size" in config:
-            config["vocab_size"] = vocab_size
-            config.pop("vocab_size_per_layer_input", None)
-    module = importlib.import_module(f"mlx_lm.models.{family}")
-    mx.random.seed(seed)
-    model = module.Model(module.ModelArgs.from_dict(dict(args, model_type=family)))
-    from mlx.utils import tree_map
-
-    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
+    model = tiny_target(family, seed, scale, vocab_size=vocab_size)
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (path / "config.json").write_text(json.dumps(dict(args, model_type=family), indent=1))
+    (path / "config.json").write_text(json.dumps(tiny_config(family, vocab_size), indent=1))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tokenizer_dir) / name, path / name)
     return path
