@@ -48,3 +48,12 @@ def dflash_tokens(
             if len(tokens) >= n:
                 break
     return (tokens if whole_cycles else tokens[:n]), stats
+
+
+def target_alone(model: nn.Module, prompt: Sequence[int], n: int, sampling: SamplingParams) -> list[int]:
+    """The target's own first `n` tokens for `prompt` with `sampling`: mlx-lm's greedy
+    decoding, or our loop without a drafter where it samples (its draws, keyed by the seed
+    and the position, are the ones a batch or a speculating sequence must reproduce)."""
+    if sampling.greedy:
+        return greedy_reference(model, prompt, n)
+    return dflash_tokens(model, prompt, None, n, sampling=sampling)[0]

@@ -30,7 +30,7 @@ from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.targets import make_target
 
 from conftest import smollm2_drafter_config
-from references import dflash_tokens, greedy_reference
+from references import dflash_tokens, greedy_reference, target_alone
 from test_batch import SAMPLED
 from batch_rows import prefill
 from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
@@ -172,10 +172,7 @@ def test_smollm2_rows_equal_their_solo_text(default_model):
     vocab = model.args.vocab_size
     samplings = [SamplingParams(), SAMPLED[0], SamplingParams(), SAMPLED[1]]
     prompts = [_prompt(length, k, vocab) for k, (length, *_) in enumerate(REQUESTS)]
-    solo = [
-        greedy_reference(model, p, n + BLOCK) if s.greedy else dflash_tokens(model, p, None, n + BLOCK, sampling=s)[0]
-        for p, (_, n, _), s in zip(prompts, REQUESTS, samplings)
-    ]
+    solo = [target_alone(model, p, n + BLOCK, s) for p, (_, n, _), s in zip(prompts, REQUESTS, samplings)]
     out = run(model, _scripted(model, vocab), samplings, solo, vocab)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"SmolLM2 request {k}: batched text differs from its solo text"
@@ -300,12 +297,7 @@ def test_lookup_guesses_keep_each_rows_text(models):
     assert any(any(g) and not all(g) for g in guessed)  # rows guessing beside rows drafting
     assert max(kept) >= 2  # guessed tokens were accepted
     for uid, prompt, sampling in zip(uids, prompts, samplings):
-        n = len(got[uid])
-        solo = (
-            greedy_reference(model, prompt, n)
-            if sampling.greedy
-            else dflash_tokens(model, prompt, None, n, sampling=sampling)[0]
-        )
+        solo = target_alone(model, prompt, len(got[uid]), sampling)
         assert got[uid] == solo, f"row {uid}: batched text with lookup differs from its solo text"
     with pytest.raises(ValueError, match="lookup must be"):
         spec.add(make_prompt_cache(model), 1, SamplingParams(), lookup=-1)

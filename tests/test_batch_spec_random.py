@@ -12,7 +12,7 @@ import pytest
 from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.sampling import SamplingParams
 
-from references import dflash_tokens, greedy_reference
+from references import target_alone
 from test_batch import SAMPLED
 from test_batch_spec import BLOCK, PATTERNS, _join, _prompt, _scripted
 from tiny_targets import tiny_target
@@ -28,12 +28,7 @@ def _requests(rng: random.Random) -> list[tuple[int, int, SamplingParams, int]]:
 
 
 def _solo(model, k: int, length: int, n: int, sampling: SamplingParams) -> list[int]:
-    prompt = _prompt(length, k)
-    return (
-        greedy_reference(model, prompt, n + BLOCK)
-        if sampling.greedy
-        else dflash_tokens(model, prompt, None, n + BLOCK, sampling=sampling)[0]
-    )
+    return target_alone(model, _prompt(length, k), n + BLOCK, sampling)
 
 
 def _schedule(model, seed: int) -> None:

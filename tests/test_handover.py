@@ -17,7 +17,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
-from references import dflash_tokens, greedy_reference
+from references import dflash_tokens, target_alone
 from test_batch import _prompt
 from batch_rows import prefill
 from tiny_targets import tiny_drafter_config, tiny_target
@@ -56,12 +56,7 @@ def test_a_speculative_cache_joins_the_batch_and_comes_back_exactly(family, samp
         model, prompt + tokens, drafter, n - len(tokens), prompt_cache=sequence, sampling=sampling, **ALONE
     )[0]
 
-    solo = (
-        greedy_reference(model, prompt, n)
-        if sampling is GREEDY
-        else dflash_tokens(model, prompt, None, n, sampling=sampling)[0]
-    )
-    assert tokens[:n] == solo
+    assert tokens[:n] == target_alone(model, prompt, n, sampling)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5", "gpt_oss"])
@@ -98,9 +93,4 @@ def test_a_speculating_row_goes_back_alone_from_the_batchs_caches(family, sampli
         model, prompt + tokens, drafter, n - len(tokens), prompt_cache=sequence, sampling=sampling, **ALONE
     )[0]
 
-    solo = (
-        greedy_reference(model, prompt, n)
-        if sampling is GREEDY
-        else dflash_tokens(model, prompt, None, n, sampling=sampling)[0]
-    )
-    assert tokens[:n] == solo
+    assert tokens[:n] == target_alone(model, prompt, n, sampling)
