@@ -1,6 +1,6 @@
 """A sequence made ready to join a batch in tests: its prompt (all but the last token) fed
 into a single-sequence cache in chunks, and with a drafter into its context cache too (the
-server builds its rows through the decoding loop instead)."""
+server builds its rows through the decoding loop instead); and the batch tests' prompts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ import mlx.nn as nn
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.pair import Pair
+from tiny_targets import VOCAB
+
+
+def row_prompt(length: int, salt: int, vocab: int = VOCAB) -> list[int]:
+    """A `length`-token prompt of a batch row, different for each `salt`: a regular pattern
+    (tokens below `vocab`)."""
+    return [(7 * i + 31 * salt + 3) % vocab for i in range(length)]
 
 
 def prefill(

@@ -25,15 +25,11 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, cache_length, refusal
 from dflash_mlx.sampling import SamplingParams
 
-from batch_rows import prefill
+from batch_rows import prefill, row_prompt
 from references import dflash_tokens, greedy_reference
 from tiny_targets import VOCAB, tiny_target
 
 SAMPLED = [SamplingParams(0.9, 0.9, 0, 11), SamplingParams(1.0, 1.0, 20, 12), SamplingParams(0.7, 0.8, 30, 13)]
-
-
-def _prompt(length: int, salt: int) -> list[int]:
-    return [(7 * i + 31 * salt + 3) % VOCAB for i in range(length)]
 
 
 # (prompt length, max tokens, step it joins at, step it is cancelled at or None)
@@ -64,7 +60,7 @@ def run_schedule(model, samplings, swap=False, wrong_cache=False) -> dict[int, l
     request 0 and 1 trade sampling; `wrong_cache`: request 3 joins with request 2's cache."""
     decoder, out, uid_of, left = BatchDecoder(model), {}, {}, {}
     samplings = [samplings[1], samplings[0], *samplings[2:]] if swap else samplings
-    prompts = [_prompt(length, k) for k, (length, *_) in enumerate(SCHEDULE)]
+    prompts = [row_prompt(length, k) for k, (length, *_) in enumerate(SCHEDULE)]
     for step in range(40):
         for k, (_, max_tokens, joins, _) in enumerate(SCHEDULE):
             if joins == step:
@@ -103,7 +99,7 @@ def test_greedy_rows_equal_their_solo_text(models, family):
     model = models[family]
     out = run_schedule(model, [SamplingParams()] * len(SCHEDULE))
     for k, (length, max_tokens, _, cancel) in enumerate(SCHEDULE):
-        prompt, n = _prompt(length, k), _expected_length(k, out)
+        prompt, n = row_prompt(length, k), _expected_length(k, out)
         assert len(out[k]) == n and (cancel is None or 0 < n < max_tokens)
         assert out[k] == greedy_reference(model, prompt, n), f"{family} request {k}: batched text differs from mlx-lm's"
         assert out[k] == dflash_tokens(model, prompt, None, n, sampling=SamplingParams())[0], f"{family} request {k}"
@@ -116,7 +112,7 @@ def test_seeded_rows_equal_their_solo_text(models, family):
     samplings[4] = SamplingParams()  # a greedy row among sampled ones
     out = run_schedule(model, samplings)
     for k, (length, *_) in enumerate(SCHEDULE):
-        alone = dflash_tokens(model, _prompt(length, k), None, _expected_length(k, out), sampling=samplings[k])[0]
+        alone = dflash_tokens(model, row_prompt(length, k), None, _expected_length(k, out), sampling=samplings[k])[0]
         assert out[k] == alone, f"{family} request {k}: batched text differs from its solo text"
 
 
@@ -135,7 +131,7 @@ def test_broken_batches_are_caught(models):
 @pytest.mark.parametrize("family", ["llama", "qwen3_5", "gpt_oss"])
 def test_an_extracted_row_continues_exactly(models, family):
     model = models[family]
-    prompts = [_prompt(11, 1), _prompt(4, 2)]
+    prompts = [row_prompt(11, 1), row_prompt(4, 2)]
     decoder = BatchDecoder(model)
     uids = [_join(decoder, model, p, SamplingParams()) for p in prompts]
     first = [decoder.step() for _ in range(12)]
@@ -164,10 +160,10 @@ def test_a_row_that_fed_nothing_extracts_as_a_fresh_cache(models, family):
 def test_logprobs_per_row_and_ids(models):
     model = models["qwen3"]
     decoder = BatchDecoder(model)
-    a = _join(decoder, model, _prompt(6, 1), SamplingParams())
+    a = _join(decoder, model, row_prompt(6, 1), SamplingParams())
     cache = make_prompt_cache(model)
-    list(prefill(model, _prompt(9, 2)[:-1], cache))
-    b = decoder.add(cache, _prompt(9, 2)[-1], SamplingParams(0.8, seed=5), logprobs=True)
+    list(prefill(model, row_prompt(9, 2)[:-1], cache))
+    b = decoder.add(cache, row_prompt(9, 2)[-1], SamplingParams(0.8, seed=5), logprobs=True)
     drawn = decoder.step()
     assert [d.uid for d in drawn] == [a, b] and drawn[0].logprobs is None
     assert drawn[1].logprobs.shape == (VOCAB,) and abs(float(mx.logsumexp(drawn[1].logprobs))) < 1e-4
@@ -182,7 +178,9 @@ def test_every_batched_family_decodes_exactly(family):
     model = tiny_target(family, scale=2.0)
     out = run_schedule(model, [SamplingParams()] * len(SCHEDULE))
     for k, (length, *_) in enumerate(SCHEDULE):
-        assert out[k] == greedy_reference(model, _prompt(length, k), _expected_length(k, out)), f"{family} request {k}"
+        assert out[k] == greedy_reference(model, row_prompt(length, k), _expected_length(k, out)), (
+            f"{family} request {k}"
+        )
 
 
 def test_refused_caches_and_families(models):

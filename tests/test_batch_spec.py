@@ -32,7 +32,7 @@ from dflash_mlx.targets import make_target
 from conftest import smollm2_drafter_config
 from references import dflash_tokens, greedy_reference, target_alone
 from test_batch import SAMPLED
-from batch_rows import prefill
+from batch_rows import prefill, row_prompt
 from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
 
 BLOCK = 6
@@ -79,10 +79,6 @@ class RowScripted(Drafter):
         return mx.where(mx.arange(self.vocab)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
 
 
-def _prompt(length: int, salt: int, vocab: int = VOCAB) -> list[int]:
-    return [(7 * i + 31 * salt + 3) % vocab for i in range(length)]
-
-
 def _scripted(model, vocab: int = VOCAB) -> RowScripted:
     mx.random.seed(3)
     if vocab == VOCAB:
@@ -107,7 +103,7 @@ def run(model, drafter, samplings, solo, vocab: int = VOCAB, requests=REQUESTS) 
     for cycle, width in enumerate(WIDTHS * 4):
         for k, (length, _, joins) in enumerate(requests):
             if joins == cycle:
-                prompt = _prompt(length, k, vocab)
+                prompt = row_prompt(length, k, vocab)
                 uid, draft = _join(spec, model, drafter, prompt, samplings[k])
                 drafter.watch(draft, prompt + solo[k], PATTERNS[k])
                 owner[uid], out[k] = k, []
@@ -137,7 +133,7 @@ def models():
 def test_greedy_rows_equal_their_solo_text(models, family):
     model = models[family]
     assert speculation_refusal(model, _scripted(model)) is None
-    solo = [greedy_reference(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(REQUESTS)]
+    solo = [greedy_reference(model, row_prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(REQUESTS)]
     out = run(model, _scripted(model), [SamplingParams()] * len(REQUESTS), solo)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from mlx-lm's"
@@ -146,7 +142,9 @@ def test_greedy_rows_equal_their_solo_text(models, family):
 def test_a_one_token_prompt_can_open_the_batch(models):
     """Its empty KV caches still merge into hole caches: the rows roll back one by one."""
     model = models["llama"]
-    solo = [greedy_reference(model, _prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(ONE_TOKEN_FIRST)]
+    solo = [
+        greedy_reference(model, row_prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(ONE_TOKEN_FIRST)
+    ]
     out = run(model, _scripted(model), [SamplingParams()] * len(ONE_TOKEN_FIRST), solo, requests=ONE_TOKEN_FIRST)
     for k, (_, n, _) in enumerate(ONE_TOKEN_FIRST):
         assert out[k] == solo[k][:n], f"request {k}: batched text differs from mlx-lm's"
@@ -158,7 +156,7 @@ def test_seeded_rows_equal_their_solo_text(models, family):
     samplings = [SAMPLED[k % len(SAMPLED)] for k in range(len(REQUESTS))]
     samplings[3] = SamplingParams()  # a greedy row among sampled ones
     solo = [
-        dflash_tokens(model, _prompt(n_p, k), None, n + BLOCK, sampling=samplings[k])[0]
+        dflash_tokens(model, row_prompt(n_p, k), None, n + BLOCK, sampling=samplings[k])[0]
         for k, (n_p, n, _) in enumerate(REQUESTS)
     ]
     out = run(model, _scripted(model), samplings, solo)
@@ -171,7 +169,7 @@ def test_smollm2_rows_equal_their_solo_text(default_model):
     model, tokenizer = default_model
     vocab = model.args.vocab_size
     samplings = [SamplingParams(), SAMPLED[0], SamplingParams(), SAMPLED[1]]
-    prompts = [_prompt(length, k, vocab) for k, (length, *_) in enumerate(REQUESTS)]
+    prompts = [row_prompt(length, k, vocab) for k, (length, *_) in enumerate(REQUESTS)]
     solo = [target_alone(model, p, n + BLOCK, s) for p, (_, n, _), s in zip(prompts, REQUESTS, samplings)]
     out = run(model, _scripted(model, vocab), samplings, solo, vocab)
     for k, (_, n, _) in enumerate(REQUESTS):
@@ -185,7 +183,7 @@ def test_one_drafter_forward_drafts_for_every_row(models):
     mx.random.seed(5)
     drafter = Drafter(tiny_drafter_config(make_target(model).num_layers, BLOCK, mask_token_id=VOCAB - 1))
     spec = BatchSpeculator(model, drafter)
-    prompts = [_prompt(n, k) for k, (n, *_) in enumerate(REQUESTS)]
+    prompts = [row_prompt(n, k) for k, (n, *_) in enumerate(REQUESTS)]
     uids = [_join(spec, model, drafter, p, SamplingParams())[0] for p in prompts]
     out = {uid: [] for uid in uids}
     for width in WIDTHS:
@@ -209,7 +207,7 @@ def test_sliding_window_targets_take_plain_steps(models):
     drafter = _scripted(model)
     assert "RotatingKVCache" in speculation_refusal(model, drafter)
     spec = BatchSpeculator(model, drafter)
-    uids = [_join(spec, model, drafter, _prompt(n, k), SamplingParams())[0] for k, (n, *_) in enumerate(REQUESTS)]
+    uids = [_join(spec, model, drafter, row_prompt(n, k), SamplingParams())[0] for k, (n, *_) in enumerate(REQUESTS)]
     with pytest.raises(ValueError, match="RotatingKVCache"):
         spec.speculate(4)
     out = {uid: [] for uid in uids}
@@ -217,7 +215,7 @@ def test_sliding_window_targets_take_plain_steps(models):
         for c in spec.cycle():
             out[c.uid] += c.tokens
     for k, uid in enumerate(uids):
-        assert out[uid] == greedy_reference(model, _prompt(REQUESTS[k][0], k), 10)
+        assert out[uid] == greedy_reference(model, row_prompt(REQUESTS[k][0], k), 10)
 
 
 def test_a_row_without_context_and_a_handed_over_row(models):
@@ -226,7 +224,7 @@ def test_a_row_without_context_and_a_handed_over_row(models):
     another batch, speculating."""
     model = models["qwen3"]
     drafter = _scripted(model)
-    prompts = [_prompt(7, 1), _prompt(4, 2)]
+    prompts = [row_prompt(7, 1), row_prompt(4, 2)]
     solo = [greedy_reference(model, p, 30) for p in prompts]
     spec = BatchSpeculator(model, drafter)
     a, draft = _join(spec, model, drafter, prompts[0], SamplingParams())

@@ -14,7 +14,8 @@ from dflash_mlx.sampling import SamplingParams
 
 from references import target_alone
 from test_batch import SAMPLED
-from test_batch_spec import BLOCK, PATTERNS, _join, _prompt, _scripted
+from batch_rows import row_prompt
+from test_batch_spec import BLOCK, PATTERNS, _join, _scripted
 from tiny_targets import tiny_target
 
 
@@ -28,7 +29,7 @@ def _requests(rng: random.Random) -> list[tuple[int, int, SamplingParams, int]]:
 
 
 def _solo(model, k: int, length: int, n: int, sampling: SamplingParams) -> list[int]:
-    return target_alone(model, _prompt(length, k), n + BLOCK, sampling)
+    return target_alone(model, row_prompt(length, k), n + BLOCK, sampling)
 
 
 def _schedule(model, seed: int) -> None:
@@ -43,8 +44,8 @@ def _schedule(model, seed: int) -> None:
         if waiting and (not len(spec) or rng.random() < 0.3):
             k = waiting.pop(0)
             length, _, sampling, pattern = requests[k]
-            uid, draft = _join(spec, model, drafter, _prompt(length, k), sampling)
-            drafter.watch(draft, _prompt(length, k) + solo[k], PATTERNS[pattern])
+            uid, draft = _join(spec, model, drafter, row_prompt(length, k), sampling)
+            drafter.watch(draft, row_prompt(length, k) + solo[k], PATTERNS[pattern])
             owner[uid], out[k] = k, []
             continue
         event, uid = rng.random(), rng.choice(list(owner))

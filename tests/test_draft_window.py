@@ -7,18 +7,16 @@ covers its attention window (the mask reads the kept tokens' real positions).
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
 
 from dflash_mlx.context_cache import ContextCache
-from dflash_mlx.drafter import Drafter
 from dflash_mlx.options import DRAFT_WINDOW, DecodeOptions, OptionError
 from dflash_mlx.targets import make_target
 from references import dflash_tokens, greedy_reference
-from test_targets import MASK, drafter_config, prompt_of
+from test_targets import MASK, prompt_of, random_drafter
 from tiny_targets import HIDDEN, tiny_target
 
 
@@ -39,13 +37,6 @@ def test_context_cache_keeps_sink_and_window():
     assert c.offset == 1 and c.positions().tolist() == [0] and c.stored == 1
 
 
-def _drafter(target, **config) -> Drafter:
-    mx.random.seed(3)
-    drafter = Drafter(replace(drafter_config(target), **config))
-    mx.eval(drafter.parameters())
-    return drafter
-
-
 def _proposals(drafter, target, window, sink, context: int = 24) -> mx.array:
     cache = drafter.make_cache(window, sink)
     mx.random.seed(4)
@@ -56,9 +47,9 @@ def _proposals(drafter, target, window, sink, context: int = 24) -> mx.array:
 
 def test_window_changes_drafts_but_not_a_covering_sliding_window():
     target = make_target(tiny_target("llama"))
-    full = _drafter(target)
+    full = random_drafter(target, 3)
     assert not mx.allclose(_proposals(full, target, 4, 1), _proposals(full, target, None, 0), atol=1e-4)
-    sliding = _drafter(target, layer_types=["sliding_attention"], sliding_window=4)
+    sliding = random_drafter(target, 3, layer_types=["sliding_attention"], sliding_window=4)
     assert mx.allclose(_proposals(sliding, target, 6, 0), _proposals(sliding, target, None, 0), atol=1e-5)
 
 
@@ -69,7 +60,7 @@ def test_greedy_with_a_window_is_mlx_lm_greedy(window, sink):
     prompt, n = prompt_of(21, 2), 28
     ref = greedy_reference(model, prompt, n)
     tokens, stats = dflash_tokens(
-        model, prompt, _drafter(target), n, block_size=4, draft_window=window, draft_sink=sink
+        model, prompt, random_drafter(target, 3), n, block_size=4, draft_window=window, draft_sink=sink
     )
     assert tokens == ref
     kept = len(prompt) + n if window == 0 else window + sink
@@ -78,9 +69,9 @@ def test_greedy_with_a_window_is_mlx_lm_greedy(window, sink):
 
 def test_default_window():
     target = make_target(tiny_target("llama"))
-    assert DecodeOptions().window(_drafter(target)) == DRAFT_WINDOW
-    assert DecodeOptions(draft_window=0).window(_drafter(target)) is None
-    own = _drafter(target, layer_types=["sliding_attention"], sliding_window=64)
+    assert DecodeOptions().window(random_drafter(target, 3)) == DRAFT_WINDOW
+    assert DecodeOptions(draft_window=0).window(random_drafter(target, 3)) is None
+    own = random_drafter(target, 3, layer_types=["sliding_attention"], sliding_window=64)
     assert DecodeOptions().window(own) == 64
     with pytest.raises(OptionError, match="draft_window"):
         DecodeOptions(draft_window=-1)

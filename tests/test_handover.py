@@ -18,8 +18,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from references import dflash_tokens, target_alone
-from test_batch import _prompt
-from batch_rows import prefill
+from batch_rows import prefill, row_prompt
 from tiny_targets import tiny_drafter_config, tiny_target
 
 from dflash_mlx import make_prompt_cache
@@ -39,7 +38,7 @@ def test_a_speculative_cache_joins_the_batch_and_comes_back_exactly(family, samp
     model = tiny_target(family, scale=2.0)
     mx.random.seed(1)
     drafter = Drafter(tiny_drafter_config(len(model.layers), 4))
-    prompt, n = _prompt(40, 1), 32
+    prompt, n = row_prompt(40, 1), 32
     sequence = make_prompt_cache(model, drafter)
     tokens = dflash_tokens(model, prompt, drafter, 9, prompt_cache=sequence, sampling=sampling, **ALONE)[0]
     fed = prompt + tokens
@@ -47,8 +46,8 @@ def test_a_speculative_cache_joins_the_batch_and_comes_back_exactly(family, samp
     assert held == len(fed) - 1 and sequence.cache.tokens == fed[:-1]  # nothing to prefill again
 
     decoder, other = BatchDecoder(model), make_target_cache(model)
-    list(prefill(model, _prompt(7, 2)[:-1], other))
-    decoder.add(other, _prompt(7, 2)[-1], GREEDY)
+    list(prefill(model, row_prompt(7, 2)[:-1], other))
+    decoder.add(other, row_prompt(7, 2)[-1], GREEDY)
     row = decoder.add(sequence.cache.target, fed[-1], sampling)
     for _ in range(8):
         tokens += [d.token for d in decoder.step() if d.uid == row]
@@ -65,7 +64,7 @@ def test_a_speculating_row_goes_back_alone_from_the_batchs_caches(family, sampli
     model = tiny_target(family, scale=2.0)
     mx.random.seed(1)
     drafter = Drafter(tiny_drafter_config(len(model.layers), 4))
-    prompt, n = _prompt(40, 1), 40
+    prompt, n = row_prompt(40, 1), 40
     sequence = make_prompt_cache(model, drafter)
     tokens = dflash_tokens(model, prompt, drafter, 5, prompt_cache=sequence, sampling=sampling, **ALONE)[0]
     fed = prompt + tokens
@@ -73,8 +72,8 @@ def test_a_speculating_row_goes_back_alone_from_the_batchs_caches(family, sampli
     joined = sequence.cache.context_copy()[0].offset
 
     batch, other = BatchSpeculator(model, drafter), make_prompt_cache(model, drafter)
-    list(prefill(model, _prompt(9, 2)[:-1], other.cache.target, draft=(drafter, other.cache.draft)))
-    batch.add(other.cache.target, _prompt(9, 2)[-1], GREEDY, draft=other.cache.draft)
+    list(prefill(model, row_prompt(9, 2)[:-1], other.cache.target, draft=(drafter, other.cache.draft)))
+    batch.add(other.cache.target, row_prompt(9, 2)[-1], GREEDY, draft=other.cache.draft)
     row = batch.add(sequence.cache.target, fed[-1], sampling, draft=sequence.cache.context_copy())
     speculates = batch.speculation_refusal() is None
     assert speculates == (family != "gpt_oss")

@@ -13,11 +13,10 @@ from app.server.worker import HOT_PREFIX, CachePool, Worker
 from dflash_mlx.cache import MARKS, PromptCache
 from dflash_mlx.cycles import PREFILL_STEP
 from dflash_mlx.targets import make_target
-from test_draft_window import _drafter
 from references import dflash_tokens
 from test_prompt_cache_file import DECODE, N
 from test_server import CHAT, client, mlx_lm_greedy  # noqa: F401  (client: a fixture)
-from test_targets import prompt_of
+from test_targets import prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 SYSTEM = prompt_of(40, 1)  # the shared prefix
@@ -26,7 +25,7 @@ SYSTEM = prompt_of(40, 1)  # the shared prefix
 @pytest.mark.parametrize("family", ["qwen3_5", "llama"])
 def test_a_shared_prefix_is_reused_and_lossless(family):
     model = tiny_target(family, scale=2.0)
-    drafter = _drafter(make_target(model))
+    drafter = random_drafter(make_target(model), 3)
     cache = PromptCache(model, drafter)
     hybrid = family == "qwen3_5"
     cached = []

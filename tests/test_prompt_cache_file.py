@@ -15,8 +15,7 @@ import pytest
 from dflash_mlx.cache import PromptCache, load_file, save_file
 from dflash_mlx.targets import make_target
 from references import dflash_tokens
-from test_draft_window import _drafter
-from test_targets import prompt_of
+from test_targets import prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 N = 20
@@ -26,7 +25,7 @@ DECODE = dict(block_size=4, draft_window=6)
 
 def test_saved_prefix_gives_the_same_output(tmp_path):
     model = tiny_target("llama", scale=2.0)
-    drafter = _drafter(make_target(model))
+    drafter = random_drafter(make_target(model), 3)
     prefix, rest = prompt_of(17, 3), prompt_of(5, 4)
     cache = PromptCache(model, drafter)
     dflash_tokens(model, prefix + [7], drafter, 1, prompt_cache=cache, draft_window=6)
@@ -61,7 +60,7 @@ def _saved(tmp_path, model, drafter, n: int) -> tuple[int, PromptCache]:
 
 def test_a_file_holds_the_used_rows(tmp_path):
     model = tiny_target("llama", scale=2.0)
-    drafter = _drafter(make_target(model))
+    drafter = random_drafter(make_target(model), 3)
     small, cache = _saved(tmp_path, model, drafter, 4)
     large, _ = _saved(tmp_path, model, drafter, 68)
     per_token = (large - small) / 64

@@ -17,6 +17,8 @@ test_targets_sampling.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
@@ -43,9 +45,10 @@ def drafter_config(target: Target, block_size: int = BLOCK) -> DrafterConfig:
     return tiny_drafter_config(target.num_layers, block_size, mask_token_id=MASK)
 
 
-def random_drafter(target: Target, seed: int = 0) -> Drafter:
+def random_drafter(target: Target, seed: int = 0, **fields) -> Drafter:
+    """A random drafter for `target` (`drafter_config`, `fields` replaced), drawn from `seed`."""
     mx.random.seed(seed)
-    drafter = Drafter(drafter_config(target))
+    drafter = Drafter(replace(drafter_config(target), **fields))
     mx.eval(drafter.parameters())
     return drafter
 
