@@ -79,7 +79,9 @@ class RowScripted(Drafter):
         return mx.where(mx.arange(self.vocab)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
 
 
-def _scripted(model, vocab: int = VOCAB) -> RowScripted:
+def scripted_drafter(model, vocab: int = VOCAB) -> RowScripted:
+    """A `RowScripted` drafter for `model`: the tiny one at the tiny vocabulary, else one
+    that fits the default target (random weights from seed 3 under the script)."""
     mx.random.seed(3)
     if vocab == VOCAB:
         config = tiny_drafter_config(make_target(model).num_layers, BLOCK, mask_token_id=VOCAB - 1)
@@ -90,7 +92,9 @@ def _scripted(model, vocab: int = VOCAB) -> RowScripted:
     return drafter
 
 
-def _join(spec: BatchSpeculator, model, drafter, prompt: list[int], sampling: SamplingParams) -> tuple[int, list]:
+def join_row(spec: BatchSpeculator, model, drafter, prompt: list[int], sampling: SamplingParams) -> tuple[int, list]:
+    """Prefill `prompt` but its last token (chunks of 4, into `drafter`'s context cache too)
+    and add it to `spec` with `sampling`: the row's uid and its context cache."""
     cache, draft = make_prompt_cache(model), drafter.make_cache()
     list(prefill(model, prompt[:-1], cache, chunk=4, draft=(drafter, draft)))
     return spec.add(cache, prompt[-1], sampling, draft=draft), draft
@@ -104,7 +108,7 @@ def run(model, drafter, samplings, solo, vocab: int = VOCAB, requests=REQUESTS) 
         for k, (length, _, joins) in enumerate(requests):
             if joins == cycle:
                 prompt = row_prompt(length, k, vocab)
-                uid, draft = _join(spec, model, drafter, prompt, samplings[k])
+                uid, draft = join_row(spec, model, drafter, prompt, samplings[k])
                 drafter.watch(draft, prompt + solo[k], PATTERNS[k])
                 owner[uid], out[k] = k, []
         if not len(spec):
@@ -132,9 +136,9 @@ def models():
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5"])
 def test_greedy_rows_equal_their_solo_text(models, family):
     model = models[family]
-    assert speculation_refusal(model, _scripted(model)) is None
+    assert speculation_refusal(model, scripted_drafter(model)) is None
     solo = [greedy_reference(model, row_prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(REQUESTS)]
-    out = run(model, _scripted(model), [SamplingParams()] * len(REQUESTS), solo)
+    out = run(model, scripted_drafter(model), [SamplingParams()] * len(REQUESTS), solo)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from mlx-lm's"
 
@@ -145,7 +149,7 @@ def test_a_one_token_prompt_can_open_the_batch(models):
     solo = [
         greedy_reference(model, row_prompt(length, k), n + BLOCK) for k, (length, n, _) in enumerate(ONE_TOKEN_FIRST)
     ]
-    out = run(model, _scripted(model), [SamplingParams()] * len(ONE_TOKEN_FIRST), solo, requests=ONE_TOKEN_FIRST)
+    out = run(model, scripted_drafter(model), [SamplingParams()] * len(ONE_TOKEN_FIRST), solo, requests=ONE_TOKEN_FIRST)
     for k, (_, n, _) in enumerate(ONE_TOKEN_FIRST):
         assert out[k] == solo[k][:n], f"request {k}: batched text differs from mlx-lm's"
 
@@ -159,7 +163,7 @@ def test_seeded_rows_equal_their_solo_text(models, family):
         dflash_tokens(model, row_prompt(n_p, k), None, n + BLOCK, sampling=samplings[k])[0]
         for k, (n_p, n, _) in enumerate(REQUESTS)
     ]
-    out = run(model, _scripted(model), samplings, solo)
+    out = run(model, scripted_drafter(model), samplings, solo)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"{family} request {k}: batched text differs from its solo text"
 
@@ -171,7 +175,7 @@ def test_smollm2_rows_equal_their_solo_text(default_model):
     samplings = [SamplingParams(), SAMPLED[0], SamplingParams(), SAMPLED[1]]
     prompts = [row_prompt(length, k, vocab) for k, (length, *_) in enumerate(REQUESTS)]
     solo = [target_alone(model, p, n + BLOCK, s) for p, (_, n, _), s in zip(prompts, REQUESTS, samplings)]
-    out = run(model, _scripted(model, vocab), samplings, solo, vocab)
+    out = run(model, scripted_drafter(model, vocab), samplings, solo, vocab)
     for k, (_, n, _) in enumerate(REQUESTS):
         assert out[k] == solo[k][:n], f"SmolLM2 request {k}: batched text differs from its solo text"
 
@@ -184,7 +188,7 @@ def test_one_drafter_forward_drafts_for_every_row(models):
     drafter = Drafter(tiny_drafter_config(make_target(model).num_layers, BLOCK, mask_token_id=VOCAB - 1))
     spec = BatchSpeculator(model, drafter)
     prompts = [row_prompt(n, k) for k, (n, *_) in enumerate(REQUESTS)]
-    uids = [_join(spec, model, drafter, p, SamplingParams())[0] for p in prompts]
+    uids = [join_row(spec, model, drafter, p, SamplingParams())[0] for p in prompts]
     out = {uid: [] for uid in uids}
     for width in WIDTHS:
         for c in spec.speculate(width) if width > 1 and spec.speculation_refusal() is None else spec.cycle():
@@ -204,10 +208,10 @@ def test_sliding_window_targets_take_plain_steps(models):
     """gpt-oss's windowed layers cannot give back one row's tokens: the batch says so, refuses
     `speculate` and steps plainly in `cycle`, every text still its solo text."""
     model = models["gpt_oss"]
-    drafter = _scripted(model)
+    drafter = scripted_drafter(model)
     assert "RotatingKVCache" in speculation_refusal(model, drafter)
     spec = BatchSpeculator(model, drafter)
-    uids = [_join(spec, model, drafter, row_prompt(n, k), SamplingParams())[0] for k, (n, *_) in enumerate(REQUESTS)]
+    uids = [join_row(spec, model, drafter, row_prompt(n, k), SamplingParams())[0] for k, (n, *_) in enumerate(REQUESTS)]
     with pytest.raises(ValueError, match="RotatingKVCache"):
         spec.speculate(4)
     out = {uid: [] for uid in uids}
@@ -223,11 +227,11 @@ def test_a_row_without_context_and_a_handed_over_row(models):
     leaves; a row extracted with its context (`extract`, `context`) continues exactly in
     another batch, speculating."""
     model = models["qwen3"]
-    drafter = _scripted(model)
+    drafter = scripted_drafter(model)
     prompts = [row_prompt(7, 1), row_prompt(4, 2)]
     solo = [greedy_reference(model, p, 30) for p in prompts]
     spec = BatchSpeculator(model, drafter)
-    a, draft = _join(spec, model, drafter, prompts[0], SamplingParams())
+    a, draft = join_row(spec, model, drafter, prompts[0], SamplingParams())
     drafter.watch(draft, prompts[0] + solo[0], PATTERNS[2])
     cache = make_prompt_cache(model)
     list(prefill(model, prompts[1][:-1], cache))

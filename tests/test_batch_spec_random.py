@@ -15,7 +15,7 @@ from dflash_mlx.sampling import SamplingParams
 from references import target_alone
 from test_batch import SAMPLED
 from batch_rows import row_prompt
-from test_batch_spec import BLOCK, PATTERNS, _join, _scripted
+from test_batch_spec import BLOCK, PATTERNS, join_row, scripted_drafter
 from tiny_targets import tiny_target
 
 
@@ -36,7 +36,7 @@ def _schedule(model, seed: int) -> None:
     rng = random.Random(seed)
     requests = _requests(rng)
     solo = [_solo(model, k, length, n, s) for k, (length, n, s, _) in enumerate(requests)]
-    drafter = _scripted(model)
+    drafter = scripted_drafter(model)
     spec, waiting, owner, out = BatchSpeculator(model, drafter), list(range(len(requests))), {}, {}
     for _ in range(300):
         if not waiting and not len(spec):
@@ -44,7 +44,7 @@ def _schedule(model, seed: int) -> None:
         if waiting and (not len(spec) or rng.random() < 0.3):
             k = waiting.pop(0)
             length, _, sampling, pattern = requests[k]
-            uid, draft = _join(spec, model, drafter, row_prompt(length, k), sampling)
+            uid, draft = join_row(spec, model, drafter, row_prompt(length, k), sampling)
             drafter.watch(draft, row_prompt(length, k) + solo[k], PATTERNS[pattern])
             owner[uid], out[k] = k, []
             continue
