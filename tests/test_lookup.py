@@ -32,10 +32,9 @@ from dflash_mlx.lookup import lookup
 from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import build_tree
-from references import greedy_reference
+from references import dflash_tokens, greedy_reference
 from test_targets import random_drafter
 from test_tree import random_candidates
-from test_tree_loop import run
 from tiny_targets import tiny_target
 
 
@@ -115,11 +114,13 @@ def test_lookup_is_lossless_and_pays_on_repeats(name):
     drafter = random_drafter(make_target(model), 0)
     prompt = [3, 17, 29, 41, 5, 60] * 4  # the answer repeats itself here and there: the lookup guesses right
     want = greedy_reference(model, prompt, 48)
-    (on, with_lookup), (off, without) = (run(model, prompt, drafter, 48, tree_budget=6, lookup=k) for k in (4, 0))
+    (on, with_lookup), (off, without) = (
+        dflash_tokens(model, prompt, drafter, 48, tree_budget=6, lookup=k) for k in (4, 0)
+    )
     assert on == want and off == want
     assert with_lookup.mean_acceptance > without.mean_acceptance, (with_lookup.mean_acceptance, without.mean_acceptance)
     for k in (1, 4):  # the adaptive policy, trees and chains
-        assert run(model, prompt, drafter, 48, lookup=k)[0] == want
+        assert dflash_tokens(model, prompt, drafter, 48, lookup=k)[0] == want
 
 
 def test_the_guess_record_counts_tried_tokens_and_forgets_slowly():
@@ -154,10 +155,10 @@ def test_a_guess_below_the_block_commits_more_than_a_block(default_model):
     )
     prompt = apply_chat_template(tokenizer, [{"role": "user", "content": text}])
     want = greedy_reference(model, prompt, 64)
-    tokens, stats = run(model, prompt, drafter, 64, tree_budget=16)
+    tokens, stats = dflash_tokens(model, prompt, drafter, 64, tree_budget=16)
     assert tokens == want
     assert max(stats.accepted_lengths) > drafter.config.block_size, stats.accepted_lengths
-    assert run(model, prompt, drafter, 64)[0] == want
+    assert dflash_tokens(model, prompt, drafter, 64)[0] == want
 
 
 def test_a_chain_takes_the_guess_only_where_its_record_promises_more():
@@ -182,14 +183,16 @@ def test_chains_take_the_guess_losslessly(name):
     drafter = random_drafter(make_target(model), 0)  # random: it rarely guesses right
     prompt = [3, 17, 29, 41, 5, 60] * 4
     want = greedy_reference(model, prompt, 48)
-    (on, with_lookup), (off, without) = (run(model, prompt, drafter, 48, block_size=6, lookup=k) for k in (4, 0))
+    (on, with_lookup), (off, without) = (
+        dflash_tokens(model, prompt, drafter, 48, block_size=6, lookup=k) for k in (4, 0)
+    )
     assert on == want and off == want
     assert with_lookup.lookup_chains > 0 and without.lookup_chains == 0
-    assert run(model, prompt, drafter, 48)[0] == want  # the adaptive policy
+    assert dflash_tokens(model, prompt, drafter, 48)[0] == want  # the adaptive policy
     sampled = dict(temp=1.0, seed=3)  # keyed draws: the seed's text is the target's own, whatever is verified
-    alone = run(model, prompt, None, 48, **sampled)[0]
-    assert run(model, prompt, drafter, 48, block_size=6, **sampled)[0] == alone
-    assert run(model, prompt, drafter, 48, **sampled)[0] == alone
+    alone = dflash_tokens(model, prompt, None, 48, **sampled)[0]
+    assert dflash_tokens(model, prompt, drafter, 48, block_size=6, **sampled)[0] == alone
+    assert dflash_tokens(model, prompt, drafter, 48, **sampled)[0] == alone
 
 
 @pytest.mark.parametrize("name", ["gpt_oss", "gemma4_text"])
@@ -198,5 +201,5 @@ def test_guessed_chains_commit_more_where_the_answer_repeats(name):
     model = tiny_target(name, scale=2.0)
     drafter = random_drafter(make_target(model), 0)
     prompt = [7, 8, 9, 10] * 6
-    runs = [run(model, prompt, drafter, 48, block_size=6, lookup=k)[1] for k in (4, 0)]
+    runs = [dflash_tokens(model, prompt, drafter, 48, block_size=6, lookup=k)[1] for k in (4, 0)]
     assert runs[0].mean_acceptance > 1.5 * runs[1].mean_acceptance, [r.mean_acceptance for r in runs]
