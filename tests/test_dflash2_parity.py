@@ -26,7 +26,7 @@ from dflash_mlx.sampling import SamplingParams
 
 from conftest import SMOLLM2
 from test_reference_parity import CONFIGS as V1_CONFIGS
-from test_reference_parity import _chat, _ours_generate, _step_inputs
+from test_reference_parity import chat_ids, ours_generate, step_inputs
 from zlab_run import zlab_generate
 
 import zlab_reference as zr
@@ -109,7 +109,7 @@ def test_drafter2_matches_zlab_torch_over_growing_context(name):
     config = zr.zlab2_config(vocab_size=VOCAB, mask_token_id=MASK, **spec)
     torch_model = zr.make_torch_drafter(config, seed=7)
     rng = np.random.default_rng(9)
-    pairs, lm_head = _step_inputs(rng, spec)
+    pairs, lm_head = step_inputs(rng, spec)
     anchors = [int(rng.integers(0, MASK)) for _ in pairs]
     steps = [(f, e, a) for (f, e), a in zip(pairs, anchors)]
 
@@ -189,10 +189,10 @@ def test_greedy_tokens_equal_zlab_mlx_dflash2(default_model, zlab_target, smol2_
     ours = load_draft(str(path), model=model)
     theirs = zrun.zlab_mlx_load_draft(path)
     assert isinstance(ours, Drafter2) and type(theirs).__name__ == "DFlash2DraftModel"
-    prompt = _chat(tokenizer, text)
+    prompt = chat_ids(tokenizer, text)
     max_tokens = 40
     want, their_cycles = zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
-    got, our_cycles = _ours_generate(model, ours, tokenizer, prompt, max_tokens, block_size)
+    got, our_cycles = ours_generate(model, ours, tokenizer, prompt, max_tokens, block_size)
     assert got == want
     assert our_cycles[: len(their_cycles) - 1] == their_cycles[:-1]
     assert our_cycles[len(their_cycles) - 1] >= their_cycles[-1]
@@ -220,7 +220,7 @@ def test_first_draft_equals_zlab_mlx_on_the_real_target(default_model, smol2_dra
     path = smol2_drafters["random"]
     ours, theirs = load_draft(str(path), model=model), zrun.zlab_mlx_load_draft(path).bind(model)
     target = make_target(model, SMOL_IDS)
-    tokens = _chat(tokenizer, "Write a haiku about the sea.")
+    tokens = chat_ids(tokenizer, "Write a haiku about the sea.")
     _, features = target.forward(mx.array(tokens)[None], make_prompt_cache(model))
     our_cache, their_cache = ours.make_cache(), theirs.make_cache()
     off_argmax = 0

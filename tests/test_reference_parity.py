@@ -132,7 +132,7 @@ def _ours_from_torch(torch_model, config: dict, **overrides):
     return build_drafter({**config, **overrides}, weights)
 
 
-def _step_inputs(rng, spec: dict):
+def step_inputs(rng, spec: dict):
     """Random features, token embeddings and an lm_head shared by both implementations."""
     hidden, n_ids = spec["hidden_size"], len(spec["target_layer_ids"])
     embed = (0.5 * rng.standard_normal((VOCAB, hidden))).astype(np.float32)
@@ -171,7 +171,7 @@ def test_drafter_matches_zlab_torch_over_growing_context(name):
     config = _config(spec)
     torch_model = zr.make_torch_drafter(config, seed=11)
     ours = _ours_from_torch(torch_model, config)
-    steps, lm_head = _step_inputs(np.random.default_rng(5), spec)
+    steps, lm_head = step_inputs(np.random.default_rng(5), spec)
 
     ref_hidden = zrun.torch_draft_logits_growing(torch_model, steps)
     ref_logits = zrun.torch_draft_logits_growing(torch_model, steps, lm_head=lm_head)
@@ -280,11 +280,12 @@ def zlab_target(default_model_dir):
     return mlx_lm.load(str(default_model_dir))[0]
 
 
-def _chat(tokenizer, text: str) -> list[int]:
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """The token ids of one user message, chat-templated for the answer."""
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
 
 
-def _ours_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
+def ours_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
     """Our tokens and accepted lengths, the drafter's chains alone (z-lab's loop has no prompt lookup)."""
     options = DecodeOptions(block_size=block_size, lookup=0)
     responses = list(stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens))
@@ -305,11 +306,11 @@ def test_greedy_tokens_equal_zlab_mlx(default_model, zlab_target, smol_drafters,
     path = smol_drafters[kind]
     ours = load_draft(str(path), model=model)
     theirs = zrun.zlab_mlx_load_draft(path)
-    prompt = _chat(tokenizer, text)
+    prompt = chat_ids(tokenizer, text)
 
     max_tokens = 48  # z-lab counts the prefill token too, as we do
     want, their_cycles = zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
-    got, our_cycles = _ours_generate(model, ours, tokenizer, prompt, max_tokens, block_size)
+    got, our_cycles = ours_generate(model, ours, tokenizer, prompt, max_tokens, block_size)
     assert got == want
     assert len(want) == max_tokens or want[-1] in tokenizer.eos_token_ids
 
