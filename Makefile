@@ -71,7 +71,7 @@ resume-training: $(RUNTIME)
 	$(VENV)/bin/dflash train --data data/long --out runs/long-run --threads auto --block-size 8 \
 		--max-steps 1000000 --core-hours 12 --eval-minutes 15 --eval-prompts 40 --checkpoint-minutes 5 \
 		--target-layer-ids 1,8,14,21,28 --num-layers 1 --batch-size 4 --num-anchors 64 --loss-vocab sampled \
-		--negatives 2048 --distill 0.5 --init cold --lr 1.2e-3 --warmup 0.05 --feature-chunk 512 --no-progress \
+		--negatives 2048 --distill 0.5 --init cold --lr 1.2e-3 --warmup 0.05 --feature-chunk 1024 --no-progress \
 		--resume-point $(LONG_RUN) $$([ -f $(LONG_RUN)/state.json ] && echo --resume-from $(LONG_RUN) || echo --resume)
 
 clean:
