@@ -88,15 +88,22 @@ def test_train_forward_matches_inference_for_every_block():
         assert mx.abs(got - ref).max().item() < 1e-5, (j, a)
 
 
-def test_train_forward_batched_sequences_match_single():
+def three_sequence_batch(seed: int):
+    """A one-layer drafter, its tiny target, three random sequences of 22-37 tokens (prompt
+    5) and their batch of 4 anchors each, with the target's features."""
     model = tiny_target()
     drafter = tiny_drafter(model, layers=1)
     target = make_target(model, drafter.config.target_layer_ids)
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     seqs = [(rng.integers(0, 60, size=n).tolist(), 5) for n in (30, 22, 37)]
     batch, kept, _ = make_batch(seqs, drafter.config.block_size, 4, drafter.config.mask_token_id, rng)
     assert kept == [0, 1, 2]
-    batch.features = target_features(target, batch.tokens, drafter.config.target_layer_ids)
+    batch.features = target_features(target, batch.tokens, drafter.config.target_layer_ids)  # (S, L, k*hidden)
+    return drafter, target, seqs, batch
+
+
+def test_train_forward_batched_sequences_match_single():
+    drafter, target, seqs, batch = three_sequence_batch(1)
     h = block_forward(drafter, batch.features, target.embed(batch.block_tokens), batch.anchors)
     A = batch.anchors.shape[1]
     for s, (toks, _) in enumerate(seqs):
@@ -107,19 +114,14 @@ def test_train_forward_batched_sequences_match_single():
 
 def test_train_gradient_of_a_batch_is_the_sum_over_its_sequences():
     """Each block row's context is its own sequence's, in the backward pass too."""
-    model = tiny_target()
-    drafter = tiny_drafter(model, layers=1)
-    target = make_target(model, drafter.config.target_layer_ids)
-    rng = np.random.default_rng(2)
-    seqs = [(rng.integers(0, 60, size=n).tolist(), 5) for n in (30, 22, 37)]
-    batch, _, _ = make_batch(seqs, drafter.config.block_size, 4, drafter.config.mask_token_id, rng)
-    feats = target_features(target, batch.tokens, drafter.config.target_layer_ids)  # (S, L, k*hidden)
+    drafter, target, seqs, batch = three_sequence_batch(2)
     emb = target.embed(batch.block_tokens)  # (S*A, B, hidden)
     probe = mx.random.normal(emb.shape, key=mx.random.key(3))
 
-    def grads(rows: slice, seqs: slice) -> dict:
+    def grads(rows: slice, sequences: slice) -> dict:
         def loss(m):
-            return (block_forward(m, feats[seqs], emb[rows], batch.anchors[seqs]) * probe[rows]).sum()
+            h = block_forward(m, batch.features[sequences], emb[rows], batch.anchors[sequences])
+            return (h * probe[rows]).sum()
 
         return nn.value_and_grad(drafter, loss)(drafter)[1]
 
