@@ -87,7 +87,7 @@ def test_the_resume_point_is_compact_and_a_new_machine_resumes_from_it(tmp_path,
     original = _weights(tmp_path / "run")
     assert all(np.allclose(np.array(original[k]), np.array(weights[k].astype(mx.float32)), atol=1e-3) for k in original)
 
-    # A new machine: no run directory, no features; the epoch restarts on what it stores.
+    # A new machine: no run directory, no features; it catches up a chunk at a time.
     shutil.rmtree(tmp_path / "run")
     shutil.rmtree(data.parent / "features")
     restore_resume_point(point, tmp_path / "again")
@@ -124,3 +124,39 @@ def test_a_checkpoint_comes_right_before_each_new_chunks_features(tmp_path, monk
     train(_args(data, parts, resume=True, **run), log=lambda s: None)
     whole, resumed = _weights(tmp_path / "whole"), _weights(parts)
     assert all(mx.array_equal(whole[k], resumed[k]).item() for k in whole)
+
+
+def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, monkeypatch):
+    """A run that had features for 6 sequences, resumed where none are stored, trains on
+    each new chunk alone as it is computed (sequences 0-1, then 2-3, then 4-5: each once),
+    then goes on to the next epoch over all of them, instead of on the first chunks again
+    and again (an epoch over 2, then over 4, ...)."""
+    import dflash_mlx.train.loop as loop
+    from dflash_mlx.train.data import load_sequences
+
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
+    train(_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)  # epochs of 2, 4, 6 sequences
+    assert json.loads((point / "state.json").read_text())["featured"] == 6
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / "again")
+
+    index = {tuple(t): i for i, (_, t, _) in enumerate(load_sequences(data))}
+    trained: list[list[int]] = []
+    make_batch = loop.make_batch
+
+    def recording(seqs, *rest):
+        trained.append(sorted(index[tuple(t)] for t, _ in seqs))
+        return make_batch(seqs, *rest)
+
+    monkeypatch.setattr(loop, "make_batch", recording)
+    lines: list[str] = []
+    train(_args(data, tmp_path / "again", max_steps=13, resume=True, **run), log=lines.append)
+    assert trained[:3] == [[0, 1], [2, 3], [4, 5]]
+    assert sorted(sum(trained[3:], [])) == list(range(8))  # then epoch 3 over all 8
+    assert [line for line in lines if line.startswith("catching up")] == [
+        f"catching up: features here for {n} of the run's 6 sequences" for n in (2, 4)
+    ]
+    state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
+    assert (state["epoch"], state["first"], state["featured"]) == (3, 0, 8)

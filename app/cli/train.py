@@ -176,7 +176,8 @@ TRAIN_OPTIONS = [
         0,
         ["--feature-chunk"],
         "Train on the features already stored and compute at most this many more per epoch "
-        "(0: all before the first step).",
+        "(0: all before the first step); resumed where fewer are stored, each new chunk is "
+        "trained on alone, once, until the store has caught up.",
     ),
     ("batch_size", int, 4, ["--batch-size"], "Sequences per step (over all ranks)."),
     ("num_anchors", int, 32, ["--num-anchors"], "Blocks sampled per sequence."),

@@ -89,6 +89,8 @@ class TrainState:
     epoch: int = 0
     pos: int = 0  # sequences of this epoch already used
     epoch_size: int = 0
+    first: int = 0  # the epoch's first sequence: 0, or a catch-up pass's chunk (see `Trainer.next_pass`)
+    featured: int = 0  # sequences the run has had features for (on whichever machine)
     seen: int = 0  # sequences
     positions: int = 0  # labelled block positions trained on
     elapsed: float = 0.0

@@ -4,7 +4,8 @@ The target is frozen and never runs inside a step: its features and top-K distri
 come from the on-disk `FeatureStore`, filled once before training (and for sequences
 appended to the data since, at each epoch). With `feature_chunk` the store grows by at
 most that many sequences (in data order) at each epoch, and an epoch covers the stored
-ones: training starts at once on a new machine instead of after hours of target passes.
+ones: training starts at once on a new machine instead of after hours of target passes;
+a run resumed there catches up a chunk at a time, each trained on once (`next_pass`).
 A checkpoint (and the resume point) is saved right before each new chunk's target pass,
 so that a session ending during that long pass loses none of the epoch before it.
 A step samples anchors in a batch of sequences, runs every block through the drafter in
@@ -39,30 +40,10 @@ from .features import FeatureStore, fill_store
 from .threads import ThreadControl
 from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
 from .checkpoint import TrainArgs, TrainState, save_checkpoint
+from .schedule import budget_spent, lr_at
 from .progress import Meter, StepBar, count_bar
 from .replay import Reference, references, replay_tau
 from .objective import Batch, block_acceptance, loss_fn, loss_weights, make_batch
-
-
-def budget_spent(args: TrainArgs, state: TrainState, total: int) -> float:
-    """How far a run is through its budget (1: done): its steps, or its `time_limit` (wall
-    seconds) and `core_hours` (CPU time of its steps), whichever ends first; with
-    `max_steps` as well, that too."""
-    limits = [state.elapsed / args.time_limit] if args.time_limit else []
-    limits += [state.core_seconds / (args.core_hours * 3600)] if args.core_hours else []
-    if not limits:
-        return state.step / total
-    return max([state.step / total] + limits) if args.max_steps else max(limits)
-
-
-def lr_at(args: TrainArgs, spent: float) -> float:
-    """Warmup then cosine over the run's progress `spent` (see `budget_spent`)."""
-    frac = min(spent, 1.0)
-    if frac < args.warmup:
-        return args.lr * max(frac / args.warmup, 0.01)
-    t = (frac - args.warmup) / max(1e-9, 1 - args.warmup)
-    lo = args.lr * args.min_lr_ratio
-    return lo + 0.5 * (args.lr - lo) * (1 + math.cos(math.pi * t))
 
 
 class Trainer:
@@ -105,8 +86,8 @@ class Trainer:
         self.refresh_data()
         if not resuming:
             self._initialize()
-        elif self.state.epoch_size > len(self.seqs):  # fewer features stored (a new machine): redo the epoch
-            self.state.pos, self.state.epoch_size = 0, len(self.seqs)
+        elif self.state.first + self.state.epoch_size > len(self.seqs):  # fewer features here: catch up
+            self.state.first, self.state.pos, self.state.epoch_size = 0, 0, len(self.seqs)
         self.optimizer = optim.AdamW(
             learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
         )
@@ -141,9 +122,10 @@ class Trainer:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
                 store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
                 missing = [(k, t) for k, t, _ in seqs if k not in store]
-                if a.feature_chunk:  # epoch e trains on the first (e + 1) chunks, one new chunk at most
+                if a.feature_chunk:  # one chunk at most: epoch e trains on the first (e + 1), a catch-up on one
                     stored = len(seqs) - len(missing)
-                    missing = missing[: min(a.feature_chunk, max(0, (self.state.epoch + 1) * a.feature_chunk - stored))]
+                    wanted = max((self.state.epoch + 1) * a.feature_chunk, self.state.featured)
+                    missing = missing[: min(a.feature_chunk, max(0, wanted - stored))]
                 if missing and save_first:
                     save_checkpoint(self.out, self.drafter, self.optimizer, self.state, a)
                 if missing:
@@ -160,6 +142,9 @@ class Trainer:
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
         self.data_size = len(seqs)
         self.seqs = [s for s in seqs if s[0] in self.store]  # all of them unless --feature-chunk
+        if self.catching_up() and self.rank == 0:
+            self.log(f"catching up: features here for {len(self.seqs)} of the run's {self.state.featured} sequences")
+        self.state.featured = max(self.state.featured, len(self.seqs))
         self.data_seconds += time.process_time() - cpu
 
     def _new_drafter(self) -> Drafter:
@@ -200,16 +185,33 @@ class Trainer:
         else:
             raise ValueError(f"--init must be 'warm' or 'cold', got {self.args.init!r}")
 
+    def catching_up(self) -> bool:
+        """Whether this machine stores features for fewer of the data's sequences than the run has had."""
+        return len(self.seqs) < min(self.state.featured, self.data_size)
+
+    def next_pass(self) -> None:
+        """After a pass over the epoch's sequences, the next epoch; but while this machine
+        stores features for fewer sequences than the run has had (`featured`: a run resumed
+        on a new machine with `--feature-chunk`), a pass over the next chunk alone, so that
+        the catch-up trains on each sequence once, as that epoch did, rather than on the
+        first chunks again and again. The pass is not begun (`epoch_size` 0) until its
+        features are computed: a checkpoint saved before them resumes it."""
+        st = self.state
+        if self.catching_up():
+            st.first = len(self.seqs)
+        else:
+            st.epoch, st.first = st.epoch + 1, 0
+        st.pos, st.epoch_size = 0, 0
+        self.refresh_data(save_first=True)
+
     def batch_for_step(self) -> tuple[Optional[Batch], Optional[mx.array]]:
         """The batch (and the sampled vocabulary) of the current step, on this rank."""
         a, st, B = self.args, self.state, self.cfg.block_size
         if st.pos + a.batch_size > st.epoch_size and st.pos > 0 or st.epoch_size == 0:
             if st.epoch_size:
-                # the next epoch, not begun (as a checkpoint saved before its features resumes it)
-                st.epoch, st.pos, st.epoch_size = st.epoch + 1, 0, 0
-                self.refresh_data(save_first=True)
-            st.pos, st.epoch_size = 0, len(self.seqs)
-        order = list(range(st.epoch_size))
+                self.next_pass()
+            st.pos, st.epoch_size = 0, len(self.seqs) - st.first
+        order = list(range(st.first, st.first + st.epoch_size))
         random.Random(a.seed + st.epoch).shuffle(order)
         idx = [order[(st.pos + j) % st.epoch_size] for j in range(a.batch_size)][self.rank :: self.world]
         st.pos += a.batch_size
