@@ -160,3 +160,33 @@ def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, mo
     ]
     state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
     assert (state["epoch"], state["first"], state["featured"]) == (3, 0, 8)
+
+
+def test_a_restart_mid_epoch_computes_no_features_even_after_the_chunk_grew(tmp_path, monkeypatch):
+    """An epoch adds one chunk to what the run had featured, whatever chunk size earlier
+    epochs used; a restart in the middle of an epoch computes nothing (it used to compute
+    up to (epoch + 1) x chunk: features the epoch does not use, and a larger next epoch
+    than the uninterrupted run's)."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    lines = data.read_text().splitlines()
+    data.write_text("\n".join(lines + [line.replace('"id": "', '"id": "copy-') for line in lines]) + "\n")  # 16
+
+    def stop_at_step_4(line: str) -> None:  # the log line comes before that step's checkpoint
+        if line.startswith("step 4/"):
+            raise KeyboardInterrupt
+
+    runs = {}
+    for name in ("whole", "parts"):  # epochs of 2 sequences (chunk 2), then 6 and 10 (chunk 4)
+        out = runs[name] = tmp_path / name
+        train(_args(data, out, max_steps=1, feature_chunk=2), log=lambda s: None)
+        if name == "parts":
+            with pytest.raises(KeyboardInterrupt):
+                train(_args(data, out, max_steps=9, feature_chunk=4, resume=True, log_every=1), log=stop_at_step_4)
+            assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3  # mid-epoch 1
+            assert _store_size(data) == 6
+        train(_args(data, out, max_steps=9, feature_chunk=4, resume=True), log=lambda s: None)
+        shutil.rmtree(data.parent / "features")
+    state = json.loads((runs["parts"] / "checkpoint" / "state.json").read_text())
+    assert (state["epoch"], state["epoch_size"], state["featured"]) == (2, 10, 10)
+    whole, parts = _weights(runs["whole"]), _weights(runs["parts"])
+    assert all(mx.array_equal(whole[k], parts[k]).item() for k in whole)

@@ -122,9 +122,9 @@ class Trainer:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
                 store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
                 missing = [(k, t) for k, t, _ in seqs if k not in store]
-                if a.feature_chunk:  # one chunk at most: epoch e trains on the first (e + 1), a catch-up on one
-                    stored = len(seqs) - len(missing)
-                    wanted = max((self.state.epoch + 1) * a.feature_chunk, self.state.featured)
+                if a.feature_chunk:  # an epoch not begun adds a chunk to what the run had; else catch up to it
+                    stored, st = len(seqs) - len(missing), self.state
+                    wanted = st.featured + (a.feature_chunk if st.epoch_size == 0 and st.first == 0 else 0)
                     missing = missing[: min(a.feature_chunk, max(0, wanted - stored))]
                 if missing and save_first:
                     save_checkpoint(self.out, self.drafter, self.optimizer, self.state, a)
