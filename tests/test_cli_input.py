@@ -48,6 +48,45 @@ BEFORE_LOADING = [
     (["generate", "-p", "hi", "--seed", "-1"], ["--seed", "or omitted", "-1"]),
 ]
 
+TRAIN = ["train", "-d", NOWHERE, "-o", f"{NOWHERE}/run", "--resume-from", NOWHERE]  # the flag's error comes first
+# (a bad `dflash train` value, words its one line must contain)
+TRAIN_VALUES = [
+    (["--num-layers", "0"], ["--num-layers", "0"]),
+    (["--block-size", "1"], ["--block-size", "1"]),
+    (["--mask-token-id", "-1"], ["--mask-token-id", "-1"]),
+    (["--intermediate-size", "0"], ["--intermediate-size", "0"]),
+    (["--gamma", "0"], ["--gamma", "0"]),
+    (["--init", "hot"], ["--init", "hot"]),
+    (["--arch", "dflash3"], ["--arch", "dflash3"]),
+    (["--arch", "dflash2", "--conv-kernel-size", "0"], ["--conv-kernel-size", "0"]),
+    (["--selector-weight", "-1"], ["--selector-weight", "-1"]),
+    (["--distill", "1.5"], ["--distill", "1.5"]),
+    (["--top-k", "0"], ["--top-k", "0"]),
+    (["--feature-chunk", "-2"], ["--feature-chunk", "-2"]),
+    (["--feature-chunk", "2"], ["--feature-chunk must be 0 or at least --batch-size"]),
+    (["--batch-size", "0"], ["--batch-size", "0"]),
+    (["--num-anchors", "0"], ["--num-anchors", "0"]),
+    (["--max-len", "1"], ["--max-len", "1"]),
+    (["--epochs", "0"], ["--epochs", "0"]),
+    (["--max-steps", "0"], ["--max-steps", "0"]),
+    (["--time-limit", "-5"], ["--time-limit", "-5"]),
+    (["--core-hours", "0"], ["--core-hours", "0"]),
+    (["--lr", "nan"], ["--lr", "nan"]),
+    (["--warmup", "1.5"], ["--warmup", "1.5"]),
+    (["--weight-decay", "-1"], ["--weight-decay", "-1"]),
+    (["--adam-beta2", "1"], ["--adam-beta2", "1"]),
+    (["--grad-clip", "0"], ["--grad-clip", "0"]),
+    (["--loss-vocab", "some"], ["--loss-vocab", "some"]),
+    (["--negatives", "-1"], ["--negatives", "-1"]),
+    (["--checkpoint-every", "0"], ["--checkpoint-every", "0"]),
+    (["--checkpoint-minutes", "0"], ["--checkpoint-minutes", "0"]),
+    (["--eval-minutes", "-1"], ["--eval-minutes", "-1"]),
+    (["--eval-prompts", "-1"], ["--eval-prompts", "-1"]),
+    (["--seed", "-1"], ["--seed", "-1"]),
+    (["--threads", "0"], ["--threads", "0"]),
+    (["--target-layer-ids", "1,x"], ["--target-layer-ids", "1,x"]),
+]
+
 
 def _assert_one_line(result, words) -> None:
     assert result.exit_code == 1, result.output
@@ -61,6 +100,13 @@ def _assert_one_line(result, words) -> None:
 @pytest.mark.parametrize("args,words", BEFORE_LOADING, ids=[" ".join(a) for a, _ in BEFORE_LOADING])
 def test_checked_before_loading(args, words):
     result = CliRunner().invoke(app, [*args, *NO_MODEL])
+    _assert_one_line(result, words)
+
+
+@pytest.mark.parametrize("values,words", TRAIN_VALUES, ids=[" ".join(v) for v, _ in TRAIN_VALUES])
+def test_every_train_value_is_checked_before_any_work(values, words):
+    """A bad `dflash train` value is named before the data, the resume point or the model is looked at."""
+    result = CliRunner().invoke(app, [*TRAIN, *values, *NO_MODEL])
     _assert_one_line(result, words)
 
 

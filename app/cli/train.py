@@ -242,10 +242,6 @@ def train_command(**values) -> None:
     data, out, init_from, features = (values.pop(k) for k in ("data", "out", "init_from", "features"))
     resume_from, resume_point = values.pop("resume_from"), values.pop("resume_point")
     data_file = data / "train.jsonl" if data.is_dir() else data
-    if not data_file.is_file():
-        raise FileNotFoundError(f"no training data at {data_file}")
-    if resume_from and not (out / "checkpoint" / "state.json").is_file():
-        restore_resume_point(resume_from, out)
     values["resume"] = values["resume"] or bool(resume_from)
     args = TrainArgs(
         data=str(data_file),
@@ -258,6 +254,11 @@ def train_command(**values) -> None:
         threads=parse_threads(values.pop("threads")),
         **values,
     )
+    args.check()  # before the data, the resume point or the model is looked at
+    if not data_file.is_file():
+        raise FileNotFoundError(f"no training data at {data_file}")
+    if resume_from and not (out / "checkpoint" / "state.json").is_file():
+        restore_resume_point(resume_from, out)
     result = train(args, log=lambda s: typer.echo(s))
     typer.echo(
         f"trained {result['step']} steps in {result['elapsed']:.0f}s "

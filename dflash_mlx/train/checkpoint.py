@@ -76,9 +76,41 @@ class TrainArgs:
 
     def dflash2_fields(self) -> Optional[dict]:
         """The DFlash2 config fields under --arch dflash2, None under dflash1."""
-        if self.arch not in ("dflash1", "dflash2"):
-            raise ValueError(f"--arch must be 'dflash1' or 'dflash2', got {self.arch!r}")
         return {k: getattr(self, k) for k in DFLASH2_FIELDS} if self.arch == "dflash2" else None
+
+    def check(self) -> None:
+        """Refuse a value no run can use before any work (nothing loaded, read or written):
+        a one-line ValueError naming its flag (the field's name, dashed). NaN passes no bound."""
+        for name, value in asdict(self).items():
+            flag = "--" + name.replace("_", "-")
+            if name in _CHOICES and value not in _CHOICES[name]:
+                raise ValueError(f"{flag} must be one of {', '.join(_CHOICES[name])}, got {value!r}")
+            if value is None:
+                continue
+            if name in _AT_LEAST and not value >= _AT_LEAST[name]:
+                raise ValueError(f"{flag} must be at least {_AT_LEAST[name]}, got {value}")
+            if name in _ABOVE and not value > _ABOVE[name]:
+                raise ValueError(f"{flag} must be above {_ABOVE[name]}, got {value}")
+            if name in _WITHIN and not _WITHIN[name][0] <= value <= _WITHIN[name][1]:
+                raise ValueError(f"{flag} must be within [{_WITHIN[name][0]}, {_WITHIN[name][1]}], got {value}")
+        if not self.adam_beta2 < 1:  # 1: the second moments never move from zero
+            raise ValueError(f"--adam-beta2 must be below 1, got {self.adam_beta2}")
+        if self.feature_chunk and self.feature_chunk < self.batch_size:
+            raise ValueError(f"--feature-chunk must be 0 or at least --batch-size ({self.batch_size})")
+
+
+_CHOICES = {"init": ("warm", "cold"), "arch": ("dflash1", "dflash2"), "loss_vocab": ("full", "sampled")}
+_AT_LEAST = {  # the least value (0 for eval_prompts and eval_minutes: no evaluation)
+    **dict.fromkeys(("num_layers", "intermediate_size", "top_k", "batch_size", "num_anchors", "max_steps"), 1),
+    **dict.fromkeys(("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"), 1),
+    **dict.fromkeys(("checkpoint_every", "eval_tokens", "log_every"), 1),
+    **dict.fromkeys(("mask_token_id", "feature_chunk", "negatives", "seed", "eval_prompts"), 0),
+    **dict.fromkeys(("selector_weight", "weight_decay", "eval_minutes"), 0),
+    "block_size": 2,
+    "max_len": 2,
+}
+_ABOVE = dict.fromkeys(("gamma", "epochs", "time_limit", "core_hours", "lr", "grad_clip", "checkpoint_minutes"), 0)
+_WITHIN = dict.fromkeys(("distill", "warmup", "min_lr_ratio", "adam_beta2"), (0, 1))
 
 
 @dataclass

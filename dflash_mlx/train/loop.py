@@ -53,6 +53,7 @@ class Trainer:
     def __init__(self, args: TrainArgs, log: Callable[[str], None] = print):
         from ..loading import load  # looked up at call time: tests substitute a tiny target
 
+        args.check()
         self.args, self.log = args, log
         self.group = mx.distributed.init()
         self.rank, self.world = self.group.rank(), self.group.size()
@@ -74,13 +75,9 @@ class Trainer:
         self.cfg = self.drafter.config
         self.target = make_target(model, self.cfg.target_layer_ids)
         self.weights = loss_weights(self.cfg.block_size, args.gamma)
-        if args.loss_vocab not in ("full", "sampled"):
-            raise ValueError(f"--loss-vocab must be 'full' or 'sampled', got {args.loss_vocab!r}")
         features = Path(args.features) if args.features else Path(args.data).parent / "features"
         self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
         self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
-        if args.feature_chunk and args.feature_chunk < args.batch_size:
-            raise ValueError(f"--feature-chunk must be 0 or at least --batch-size ({args.batch_size})")
         self.threads = ThreadControl(args.threads)  # also for the feature pass
         self.data_seconds = 0.0  # CPU time of refresh_data during the current step (not training)
         self.refresh_data()
@@ -179,11 +176,9 @@ class Trainer:
             return
         if self.args.init == "warm":
             warm_start(self.drafter, self.target)
-        elif self.args.init == "cold":
+        else:  # "cold"
             sample = [self.store.get(k)[0][1:] for k, _, _ in self.seqs[:8]]
             rms_fc_init(self.drafter, np.concatenate(sample).astype(np.float32))
-        else:
-            raise ValueError(f"--init must be 'warm' or 'cold', got {self.args.init!r}")
 
     def catching_up(self) -> bool:
         """Whether this machine stores features for fewer of the data's sequences than the run has had."""
