@@ -190,3 +190,21 @@ def test_a_restart_mid_epoch_computes_no_features_even_after_the_chunk_grew(tmp_
     assert (state["epoch"], state["epoch_size"], state["featured"]) == (2, 10, 10)
     whole, parts = _weights(runs["whole"]), _weights(runs["parts"])
     assert all(mx.array_equal(whole[k], parts[k]).item() for k in whole)
+
+
+def test_a_run_resumed_after_its_last_checkpoint_logs_each_step_once(tmp_path, monkeypatch):
+    """A session that ends past its last checkpoint (here: at step 4, checkpointed at 2) has
+    logged steps the resumed run trains and logs again: the log keeps one record a step."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    run = dict(max_steps=6, checkpoint_every=2, log_every=1)
+
+    def stop_at_step_4(line: str) -> None:
+        if line.startswith("step 4/"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_args(data, tmp_path / "run", **run), log=stop_at_step_4)
+    log = tmp_path / "run" / "train_log.jsonl"
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3]
+    train(_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]

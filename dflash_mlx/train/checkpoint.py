@@ -9,13 +9,13 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TextIO
 
 import mlx.core as mx
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
-from ..atomic import atomic_directory
+from ..atomic import atomic_directory, write_text_atomic
 from ..drafter import Drafter
 from ..drafter2 import DFLASH2_FIELDS
 from ..drafters import drafter_files, write_drafter_files
@@ -151,6 +151,20 @@ def save_checkpoint(
         os.replace(out / f".{name}.tmp", out / name)
     if args.resume_point:
         save_resume_point(out, Path(args.resume_point))
+
+
+def open_log(out: Path, step: int) -> TextIO:
+    """`out/train_log.jsonl` opened to append, less its records past `step` (where the run
+    starts: its checkpoint, or 0): those of a session that ended after its last checkpoint,
+    whose steps the resumed run trains and logs again, and a line torn by a crash."""
+    log = out / "train_log.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    if log.is_file():
+        lines = log.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
+        if len(kept) < len(lines):
+            write_text_atomic(log, "".join(kept))
+    return open(log, "a")
 
 
 def save_resume_point(out: Path, dest: Path) -> None:

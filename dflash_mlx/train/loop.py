@@ -39,7 +39,7 @@ from .data import load_sequences
 from .features import FeatureStore, fill_store
 from .threads import ThreadControl
 from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
-from .checkpoint import TrainArgs, TrainState, save_checkpoint
+from .checkpoint import TrainArgs, TrainState, open_log, save_checkpoint
 from .schedule import budget_spent, lr_at
 from .progress import Meter, StepBar, count_bar
 from .replay import Reference, references, replay_tau
@@ -323,10 +323,7 @@ class Trainer:
         a, st = self.args, self.state
         if self.rank == 0:
             self.log(self.describe())
-        log_file = None
-        if self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
-            log_file = open(self.out / "train_log.jsonl", "a")
+        log_file = open_log(self.out, st.step) if self.rank == 0 else None
         meter = Meter(self.cfg.block_size)
         t_start = time.perf_counter() - st.elapsed
         last_ck = last_eval = time.perf_counter()
