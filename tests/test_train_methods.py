@@ -103,7 +103,22 @@ def test_cached_features_equal_recomputed_ones(tmp_path):
         assert ref_logits.shape == (1, len(toks), 3)
 
 
-def test_a_torn_write_is_cut_on_reopening(tmp_path):
+def test_opening_a_store_to_read_leaves_a_writers_rows_in_flight(tmp_path):
+    """Another run opening the store while a writer appends a sequence (its rows on disk,
+    its index line not yet) leaves those rows: cutting them would shift the writer's next
+    rows against the index it writes."""
+    writer = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
+    writer.add("a", np.ones((3, 4)), np.zeros((3, 2)), np.zeros((3, 2)))
+    features = tmp_path / "f" / "features.f16"
+    with open(features, "ab") as fh:  # the writer's next sequence, half-way through `add`
+        fh.write(np.ones((5, 4), dtype=np.float16).tobytes())
+    size = features.stat().st_size
+    reader = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
+    assert len(reader) == 1 and (reader.get("a")[0] == 1).all()
+    assert features.stat().st_size == size
+
+
+def test_a_torn_write_is_cut_before_the_next_append(tmp_path):
     store = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
     store.add("a", np.ones((3, 4)), np.zeros((3, 2)), np.zeros((3, 2)))
     with open(tmp_path / "f" / "features.f16", "ab") as fh:  # rows of a sequence never indexed
@@ -112,6 +127,22 @@ def test_a_torn_write_is_cut_on_reopening(tmp_path):
     assert len(again) == 1 and again.rows == 3
     again.add("b", np.full((2, 4), 2.0), np.zeros((2, 2)), np.zeros((2, 2)))
     assert (again.get("b")[0] == 2).all() and (again.get("a")[0] == 1).all()
+
+
+def test_a_torn_index_line_is_cut_before_the_next_append(tmp_path):
+    """A writer killed half-way through an index line: the next one's lines follow it on
+    lines of their own, and every later opening finds them."""
+    store = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
+    store.add("a", np.ones((3, 4)), np.zeros((3, 2)), np.zeros((3, 2)))
+    with open(tmp_path / "f" / "index.jsonl", "a") as fh:
+        fh.write('{"key": "b", "sta')
+    again = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
+    again.add("c", np.full((2, 4), 2.0), np.zeros((2, 2)), np.zeros((2, 2)))
+    reopened = FeatureStore(tmp_path / "f", [0], 4, top_k=2)
+    assert sorted(reopened.index) == ["a", "c"] and (reopened.get("c")[0] == 2).all()
+    with open(tmp_path / "f" / "index.jsonl", "a") as fh:  # as an older writer glued its next line on
+        fh.write('{"key": "d", "sta{"key": "e", "start": 5, "length": 1}\n')
+    assert sorted(FeatureStore(tmp_path / "f", [0], 4, top_k=2).index) == ["a", "c"]
 
 
 @pytest.mark.parametrize("arch", [{}, TINY2], ids=["dflash1", "dflash2"])

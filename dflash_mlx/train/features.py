@@ -12,7 +12,9 @@ flat files that every epoch and every resumed session memory-maps:
     teacher_lg.f16  rows x top_k   ... and their logits (row t: the token after token t)
     index.jsonl     {"key", "start", "length"} per sequence, appended after its rows
 
-A crash leaves at most rows past the last indexed sequence: they are cut on reopening.
+A crash leaves at most rows past the last indexed sequence: the next writer cuts them
+before it appends. Writers take turns under a lock (the trainer's), each opening the store
+inside it; readers may open it at any time and read only indexed rows.
 """
 
 from __future__ import annotations
@@ -54,23 +56,20 @@ class FeatureStore:
         self.width, self.top_k = int(width), int(top_k)
         self.index: dict[str, tuple[int, int]] = {}
         self.rows = 0
+        self._indexed = 0  # bytes of index.jsonl up to its last whole line
         index_file = self.path / "index.jsonl"
-        if index_file.is_file():
-            for line in index_file.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # a torn last line: that sequence is recomputed
-                self.index[rec["key"]] = (rec["start"], rec["length"])
-                self.rows = max(self.rows, rec["start"] + rec["length"])
-        for name, (file, dtype) in _FILES.items():
-            f = self.path / file
-            cols = self._cols(name)
-            keep = self.rows * cols * np.dtype(dtype).itemsize
-            if f.exists() and f.stat().st_size != keep:
-                with open(f, "r+b") as fh:  # rows written after the last index line
-                    fh.truncate(keep)
+        for line in index_file.read_bytes().splitlines(keepends=True) if index_file.is_file() else []:
+            try:
+                rec = json.loads(line) if line.endswith(b"\n") else None
+            except json.JSONDecodeError:
+                rec = None  # a line an older writer glued to a torn one: the index ends before it
+            if rec is None:
+                break  # a torn last line (or one still being written): that sequence is not stored
+            self.index[rec["key"]] = (rec["start"], rec["length"])
+            self.rows = max(self.rows, rec["start"] + rec["length"])
+            self._indexed += len(line)
         self._maps: dict[str, np.ndarray] = {}
+        self._cut = False  # whether this writer has cut what lies past the index (`add`)
 
     def _cols(self, name: str) -> int:
         return self.width if name == "features" else self.top_k
@@ -94,15 +93,31 @@ class FeatureStore:
         start, n = self.index[key]
         return tuple(self._map(name)[start : start + n] for name in _FILES)  # type: ignore[return-value]
 
+    def _cut_past_index(self) -> None:
+        sizes = {
+            file: self.rows * self._cols(name) * np.dtype(dtype).itemsize for name, (file, dtype) in _FILES.items()
+        }
+        for file, keep in {**sizes, "index.jsonl": self._indexed}.items():
+            if (self.path / file).exists() and (self.path / file).stat().st_size != keep:
+                with open(self.path / file, "r+b") as fh:
+                    fh.truncate(keep)
+        self._cut = True
+
     def add(self, key: str, features: np.ndarray, teacher_ids: np.ndarray, teacher_logits: np.ndarray) -> None:
-        """Append one sequence; it is indexed only once all its rows are on disk."""
+        """Append one sequence; it is indexed only once all its rows are on disk. The first
+        append cuts rows past the index (a killed writer's): not a reader's job, for they
+        may be another writer's rows in flight."""
+        if not self._cut:
+            self._cut_past_index()
         n = features.shape[0]
         for name, arr in (("features", features), ("teacher_ids", teacher_ids), ("teacher_logits", teacher_logits)):
             file, dtype = _FILES[name]
             with open(self.path / file, "ab") as fh:
                 fh.write(np.ascontiguousarray(arr, dtype=dtype).tobytes())
+        line = json.dumps({"key": key, "start": self.rows, "length": n}) + "\n"
         with open(self.path / "index.jsonl", "a") as fh:
-            fh.write(json.dumps({"key": key, "start": self.rows, "length": n}) + "\n")
+            fh.write(line)
+        self._indexed += len(line.encode())
         self.index[key] = (self.rows, n)
         self.rows += n
 
