@@ -56,6 +56,20 @@ def test_shipped_heldout_sets_stay_out_of_training(tmp_path):
         assert len(read_prompt_file(PROMPTS / f"heldout_{kind}.jsonl")) == 10  # what bench and eval read
 
 
+def test_another_seed_or_source_keeps_the_heldout_texts_out(tmp_path):
+    """`dflash data` run again over the directory with another --seed (its chat and math
+    prompts are drawn anew: `chat/5` is another text) or a prompt file of its own trains on
+    no held-out text: held-out prompts stay out by their text as well as by their id."""
+    shipped = [json.loads(line) for line in (PROMPTS / "heldout.jsonl").read_text().splitlines()]
+    shutil.copy(PROMPTS / "heldout.jsonl", tmp_path / "heldout.jsonl")
+    own = tmp_path / "own.jsonl"
+    own.write_text(json.dumps({"messages": shipped[0]["messages"]}) + "\n")
+    prompts = collect_prompts(["chat", "math", "stdlib", "humaneval", str(own)], seed=1)
+    train, _ = split_prompts(tmp_path, prompts, 40, seed=1)
+    texts = {p["messages"][-1]["content"] for p in train}
+    assert [r["id"] for r in shipped if r["messages"][-1]["content"] in texts] == []
+
+
 def test_bench_and_eval_read_the_sets_by_name(tmp_path):
     """`--prompts math` (bench and eval alike) is the shipped held-out math file; `heldout` all
     40 with their kinds; a name that is neither a file nor a set is one line naming it."""

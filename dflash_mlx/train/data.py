@@ -19,25 +19,31 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from .answers import generate_answers
 from .conversations import answer_conversations
-from .instructions import NearDuplicates
+from .instructions import NearDuplicates, normalize
 from .prompts import collect_prompts, split_heldout
 
 
 def split_prompts(out_dir: Path, prompts: list[dict], heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, held out) prompts. The first run writes ``heldout.jsonl``; later runs (a
-    resume, another temperature, other sources) keep exactly that held-out set, and out
-    of training."""
+    resume, another temperature, seed or sources) keep exactly that held-out set, and out
+    of training by id and by text (another seed draws other texts under the same ids)."""
     held_file = out_dir / "heldout.jsonl"
     if held_file.is_file():
         held = [json.loads(line) for line in held_file.read_text().splitlines() if line.strip()]
-        held_ids = {p["id"] for p in held}
-        train, _ = split_heldout([p for p in prompts if p["id"] not in held_ids], 0, seed)
+        held_ids, held_texts = {p["id"] for p in held}, set().union(*map(_user_texts, held))
+        kept = [p for p in prompts if p["id"] not in held_ids and not _user_texts(p) & held_texts]
+        train, _ = split_heldout(kept, 0, seed)
         return train, held
     train, held = split_heldout(prompts, heldout, seed)
     with open(held_file, "w") as fh:
         for p in held:
             fh.write(json.dumps(p) + "\n")
     return train, held
+
+
+def _user_texts(prompt: dict) -> set[str]:
+    """A prompt's user messages, normalised (`instructions.normalize`)."""
+    return {normalize(str(m["content"])) for m in prompt["messages"] if m["role"] == "user"}
 
 
 def build_dataset(
