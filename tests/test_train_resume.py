@@ -208,3 +208,15 @@ def test_a_run_resumed_after_its_last_checkpoint_logs_each_step_once(tmp_path, m
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3]
     train(_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_finished_run_resumed_again_adds_no_evaluation(tmp_path, monkeypatch):
+    """`make resume-training` once the budget is spent trains no step: the curve's last
+    point, logged when the run ended, is not logged again at the same step."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    (tmp_path / "heldout.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    run = dict(max_steps=2, eval_minutes=1e6, eval_tokens=4)
+    train(_args(data, tmp_path / "run", **run), log=lambda s: None)
+    train(_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "heldout_tau" in r] == [2]

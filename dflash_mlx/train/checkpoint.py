@@ -153,18 +153,18 @@ def save_checkpoint(
         save_resume_point(out, Path(args.resume_point))
 
 
-def open_log(out: Path, step: int) -> TextIO:
-    """`out/train_log.jsonl` opened to append, less its records past `step` (where the run
-    starts: its checkpoint, or 0): those of a session that ended after its last checkpoint,
-    whose steps the resumed run trains and logs again, and a line torn by a crash."""
+def open_log(out: Path, step: int) -> tuple[TextIO, list[dict]]:
+    """`out/train_log.jsonl` opened to append, and the records it keeps: those up to `step`
+    (where the run starts: its checkpoint, or 0), not those of a session that ended after
+    its last checkpoint, whose steps the resumed run trains and logs again, nor a line torn
+    by a crash."""
     log = out / "train_log.jsonl"
     out.mkdir(parents=True, exist_ok=True)
-    if log.is_file():
-        lines = log.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
-        if len(kept) < len(lines):
-            write_text_atomic(log, "".join(kept))
-    return open(log, "a")
+    lines = log.read_text().splitlines(keepends=True) if log.is_file() else []
+    kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        write_text_atomic(log, "".join(kept))
+    return open(log, "a"), [json.loads(line) for line in kept]
 
 
 def save_resume_point(out: Path, dest: Path) -> None:

@@ -323,7 +323,7 @@ class Trainer:
         a, st = self.args, self.state
         if self.rank == 0:
             self.log(self.describe())
-        log_file = open_log(self.out, st.step) if self.rank == 0 else None
+        log_file, logged = open_log(self.out, st.step) if self.rank == 0 else (None, [])
         meter = Meter(self.cfg.block_size)
         t_start = time.perf_counter() - st.elapsed
         last_ck = last_eval = time.perf_counter()
@@ -360,7 +360,8 @@ class Trainer:
                     if st.step % a.checkpoint_every == 0 or time.perf_counter() - last_ck > a.checkpoint_minutes * 60:
                         save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
                         last_ck = time.perf_counter()
-                evaluated = bool(history) and history[-1].get("step") == st.step and "heldout_tau" in history[-1]
+                last = (logged + history)[-1:]  # a finished run resumed again steps no more: its end is logged
+                evaluated = bool(last) and last[0]["step"] == st.step and "heldout_tau" in last[0]
                 if self.rank == 0 and a.eval_minutes and not evaluated:
                     # the curve's last point: the drafter this run ends with
                     rec = self.evaluation()
