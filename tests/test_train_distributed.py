@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_two_ranks_train_in_lockstep(tmp_path):
+def launch(tmp_path: Path, *args: str) -> list[dict]:
+    """Each rank's JSON line from `train_distributed_worker.py` under `mlx.launch -n 2`."""
     bindir = Path(sys.executable).parent
     launcher = shutil.which("mlx.launch", path=str(bindir)) or shutil.which("mlx.launch")
     if launcher is None:
@@ -34,6 +35,7 @@ def test_two_ranks_train_in_lockstep(tmp_path):
             sys.executable,
             str(ROOT / "tests" / "train_distributed_worker.py"),
             str(tmp_path),
+            *args,
         ],
         capture_output=True,
         text=True,
@@ -42,10 +44,23 @@ def test_two_ranks_train_in_lockstep(tmp_path):
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_two_ranks_train_in_lockstep(tmp_path):
+    ranks = launch(tmp_path)
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     assert all(r["world"] == 2 for r in ranks)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]  # identical weights after training
     losses = next(r["losses"] for r in ranks if r["rank"] == 0)
     assert losses[-1] < losses[0]
     assert (tmp_path / "drafter" / "model.safetensors").is_file()  # rank 0 wrote the drafter
+
+
+def test_two_ranks_follow_rank_0s_clock_under_a_time_limit(tmp_path):
+    """Under --time-limit the learning rate and the end follow the wall clock: each rank's
+    own (rank 0 also logs and checkpoints) would give the ranks other learning rates, and
+    one could stop a step before the other, which then waits for it forever."""
+    ranks = launch(tmp_path, "3")
+    assert ranks[0]["steps"] == ranks[1]["steps"] > 1
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]

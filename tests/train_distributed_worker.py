@@ -6,7 +6,10 @@ drafter on its share of each batch, with gradients averaged over ranks by
 its rank, the world size, a checksum of its final weights and its loss history. Equal
 checksums on all ranks show the ranks stayed in lockstep.
 
-Usage: PATH=.venv/bin:$PATH mlx.launch -n 2 --backend ring python tests/train_distributed_worker.py OUT_DIR
+Usage: PATH=.venv/bin:$PATH mlx.launch -n 2 --backend ring python tests/train_distributed_worker.py OUT_DIR [TIME_LIMIT]
+
+With TIME_LIMIT (seconds) the run trains until then, its schedule following the wall
+clock: the ranks must follow one clock to stay in lockstep and stop together.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
@@ -26,7 +30,7 @@ from dflash_mlx.train.loop import TrainArgs, train
 from test_train import TinyTok, tiny_target  # this script's folder, tests/, is on sys.path
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, time_limit: Optional[float] = None) -> None:
     group = mx.distributed.init()
     out = Path(out_dir)
     model = tiny_target(vocab=48, seed=0)  # the same target on every rank
@@ -48,6 +52,7 @@ def main(out_dir: str) -> None:
             batch_size=4,
             num_anchors=8,
             epochs=2,
+            time_limit=time_limit,
             lr=3e-3,
             progress=False,
             log_every=1,
@@ -78,4 +83,4 @@ def _live_params(result):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else None)

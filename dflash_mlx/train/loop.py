@@ -335,6 +335,8 @@ class Trainer:
                     out = self.step()
                     st.core_seconds += time.process_time() - cpu - self.data_seconds
                     st.elapsed = time.perf_counter() - t_start
+                    if self.world > 1:  # rank 0's clock: the ranks keep one learning rate and stop together
+                        st.elapsed = mx.distributed.all_sum(mx.array(st.elapsed if self.rank == 0 else 0.0)).item()
                     self.threads.poll()
                     if out is not None:
                         meter.add(out)
