@@ -110,6 +110,13 @@ def test_every_train_value_is_checked_before_any_work(values, words):
     _assert_one_line(result, words)
 
 
+def test_curves_checks_its_plot_before_reading_the_runs(tmp_path):
+    """`dflash curves RUN --plot PNG`: an unwritable PNG is named before the runs are read
+    (here there are none: the error must not be about them)."""
+    result = CliRunner().invoke(app, ["curves", str(tmp_path / "no-run"), "--plot", f"{NOWHERE}/x.png"])
+    _assert_one_line(result, ["--plot", NOWHERE])
+
+
 @pytest.mark.parametrize("bench", [["context"], ["concurrency", "2"]])
 def test_a_plot_without_matplotlib_is_refused_before_loading(bench, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails, as where it is absent

@@ -9,7 +9,7 @@ from typing import Any, List, Optional, Sequence
 
 import typer
 
-from app.cli.common import check_pair, positive, writable, write_json
+from app.cli.common import check_pair, plottable, positive, writable, write_json
 from app.flags import decode_flags, typer_parameter
 from dflash_mlx import DecodeOptions
 
@@ -345,6 +345,7 @@ def curves_command(
     """Held-out tau against core-hours per run, fitted per doubling of compute: which recipe learns fastest."""
     from dflash_mlx.train.curves import curves_table, plot as draw, read_curve
 
+    plottable(plot, "--plot")
     curves = {run.name: read_curve(run) for run in runs}
     typer.echo(curves_table(curves, target_tau))
     if plot:
