@@ -220,3 +220,16 @@ def test_a_finished_run_resumed_again_adds_no_evaluation(tmp_path, monkeypatch):
     train(_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "heldout_tau" in r] == [2]
+
+
+def test_a_restored_checkpoint_keeps_every_optimizer_dtype(tmp_path, monkeypatch):
+    """The resume point narrows the weights and moments; restoring widens those back to
+    float32 and leaves the rest as it was (AdamW's step count stays an unsigned integer)."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    train(_args(data, tmp_path / "run", max_steps=2, resume_point=str(point)), log=lambda s: None)
+    restore_resume_point(point, tmp_path / "again")
+    before = mx.load(str(tmp_path / "run" / "checkpoint" / "optimizer.npz"))
+    after = mx.load(str(tmp_path / "again" / "checkpoint" / "optimizer.npz"))
+    assert {k: v.dtype for k, v in after.items()} == {k: v.dtype for k, v in before.items()}
+    assert after["step"].item() == 2

@@ -192,8 +192,12 @@ def restore_resume_point(src: Path, out: Path) -> None:
         raise FileExistsError(f"--resume-from: {out}/checkpoint exists; resume it with --resume alone")
     if not (src / "state.json").is_file():
         raise FileNotFoundError(f"--resume-from: no resume point at {src} (state.json missing)")
+    narrowed = (mx.float16, mx.bfloat16)  # by `save_resume_point`; not AdamW's step count (uint64)
     weights = {k: v.astype(mx.float32) for k, v in mx.load(str(src / "model.safetensors")).items()}
-    moments = {k: v.astype(mx.float32) for k, v in mx.load(str(src / "optimizer.safetensors")).items()}
+    moments = {
+        k: v.astype(mx.float32) if v.dtype in narrowed else v
+        for k, v in mx.load(str(src / "optimizer.safetensors")).items()
+    }
     with atomic_directory(out / "checkpoint") as tmp:
         write_drafter_files(tmp, weights, json.loads((src / "config.json").read_text()))
         mx.savez(str(tmp / "optimizer.npz"), **moments)
