@@ -16,7 +16,7 @@ from dflash_mlx.train.data import iter_records, load_sequences
 from dflash_mlx.train.evaluate import format_table
 from dflash_mlx.train.instructions import NearDuplicates, clean_instruction
 from dflash_mlx.train.objective import make_batch
-from dflash_mlx.train.selfinstruct import InstructionFilter, instruction_request, write_instructions
+from dflash_mlx.train.selfinstruct import InstructionFilter, _resume_point, instruction_request, write_instructions
 
 
 def test_requests_are_seeded_and_varied():
@@ -95,8 +95,9 @@ def test_writer_keeps_heldout_out_and_resumes(tmp_path, monkeypatch, default_mod
     write_instructions(second, held, 3, **common)
     again = [r["messages"][0]["content"] for r in iter_records(second)]
     assert kept[0] not in again and kept[1] not in again and kept[2] in again
-    reasons = [r["reason"] for r in iter_records(second.parent / "instructions.log.jsonl")]
-    assert {"heldout-exact", "heldout-near"} <= set(reasons)
+    logged = list(iter_records(second.parent / "instructions.log.jsonl"))
+    assert {"heldout-exact", "heldout-near"} <= {r["reason"] for r in logged}
+    assert {r["seed"] for r in logged} == {0}  # what a rerun with another seed leaves to it
 
     write_instructions(first, empty, 5, **common)  # resume: 3 -> 5
     ids = [r["id"] for r in iter_records(first)]
@@ -111,6 +112,17 @@ def test_writer_keeps_heldout_out_and_resumes(tmp_path, monkeypatch, default_mod
     asked = [r["request"] for r in iter_records(first.parent / "instructions.log.jsonl")]
     assert asked and min(asked) > last
     assert [r["id"] for r in iter_records(first)][:5] == ids and len(list(iter_records(first))) == 6
+
+
+def test_a_rerun_with_another_seed_asks_its_own_requests(tmp_path):
+    """Requests are numbered per seed ('si/<seed>/<request>'): those another seed tried,
+    logged in the same file, are not this seed's (else a second seed skipped them all, and
+    found none left once the first had spent its 8 n)."""
+    log = tmp_path / "instructions.log.jsonl"
+    log.write_text("".join(json.dumps({"request": i, "seed": 0, "kept": False}) + "\n" for i in range(5)))
+    kept = [{"id": "si/0/4", "messages": [{"role": "user", "content": "What is a prime number?"}]}]
+    assert _resume_point(kept, log, seed=1) == (0, set())
+    assert _resume_point(kept, log, seed=0) == (5, set(range(5)))
 
 
 def test_conversation_record_spans():

@@ -341,7 +341,13 @@ def write_instructions(
                     filt.keep(text)
                     kept.append(_instruction_record(seed, req, text))
                     fo.write(json.dumps(kept[-1]) + "\n")
-                fate = {"request": req["request"], "kind": req["kind"], "raw": raw, "kept": reason is None}
+                fate = {
+                    "request": req["request"],
+                    "seed": seed,
+                    "kind": req["kind"],
+                    "raw": raw,
+                    "kept": reason is None,
+                }
                 fl.write(json.dumps({**fate, "reason": reason}) + "\n")
                 stats[reason or "kept"] += 1
             fo.flush()
@@ -354,10 +360,12 @@ def write_instructions(
 
 
 def _resume_point(kept: list[dict], log_path: Path, seed: int) -> tuple[int, set[int]]:
-    """(the next request to ask, the requests tried) of a rerun. Requests go in order, so
-    every one before the last kept was tried, even where the log is lost (only the kept
-    file is committed): asking them again would write duplicates."""
-    tried = {r["request"] for r in iter_records(log_path)} if log_path.is_file() else set()
+    """(the next request to ask, the requests tried) of a rerun with `seed` (requests are
+    numbered per seed; a log line without its seed counts for every seed). Requests go in
+    order, so every one before the last kept was tried, even where the log is lost (only
+    the kept file is committed): asking them again would write duplicates."""
+    logged = iter_records(log_path) if log_path.is_file() else []
+    tried = {r["request"] for r in logged if r.get("seed", seed) == seed}
     ours = [int(r["id"].rsplit("/", 1)[1]) for r in kept if r["id"].startswith(f"si/{seed}/")]
     start = max(ours, default=-1) + 1
     return start, tried | set(range(start))
