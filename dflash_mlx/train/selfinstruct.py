@@ -297,8 +297,8 @@ def write_instructions(
     ``{"id": "si/<seed>/<request>", "source": "selfinstruct", "kind", "messages"}``, appended
     as they come; another seed writes other requests under other ids), or
     until 8 n requests are spent. Every request's raw output and fate go to
-    ``<stem>.log.jsonl`` beside it; a rerun skips logged requests and those before the last
-    kept one (the log may be lost), and continues. Returns
+    ``<stem>.log.jsonl`` beside it; a rerun skips the requests its seed logged and those
+    before its last kept one (the log may be lost), and continues. Returns
     the counts of kept and dropped messages (by reason)."""
     import mlx.core as mx
 
