@@ -110,6 +110,32 @@ def test_every_train_value_is_checked_before_any_work(values, words):
     _assert_one_line(result, words)
 
 
+DATA_VALUES = [
+    (["data", "-n", "0"], ["--num-prompts", "0"]),
+    (["data", "--heldout", "-1"], ["--heldout", "-1"]),
+    (["data", "-m", "0"], ["--max-tokens", "0"]),
+    (["data", "-b", "0"], ["--batch-size", "0"]),
+    (["data", "--temp", "-1"], ["--temp", "-1"]),
+    (["data", "--turns", "0"], ["--turns", "0"]),
+    (["instructions", "-n", "0"], ["--num-instructions", "0"]),
+    (["instructions", "-n", "2", "-m", "0"], ["--max-tokens", "0"]),
+    (["instructions", "-n", "2", "-b", "0"], ["--batch-size", "0"]),
+    (["instructions", "-n", "2", "--temp", "-1"], ["--temp", "-1"]),
+    (["instructions", "-n", "2", "--near", "0"], ["--near", "0"]),
+]
+
+
+@pytest.mark.parametrize("values,words", DATA_VALUES, ids=[" ".join(v) for v, _ in DATA_VALUES])
+def test_data_and_instructions_values_are_checked_before_any_work(values, words, tmp_path):
+    """`dflash data` and `dflash instructions`: a bad value is named before the held-out set,
+    the prompts or the model are looked at, and nothing is written."""
+    out = tmp_path / "out"
+    held = ["--heldout", str(tmp_path / "heldout.jsonl")] if values[0] == "instructions" else []
+    result = CliRunner().invoke(app, [*values, "-o", str(out / "x.jsonl"), *held, *NO_MODEL])
+    _assert_one_line(result, words)
+    assert not out.exists()
+
+
 def test_curves_checks_its_plot_before_reading_the_runs(tmp_path):
     """`dflash curves RUN --plot PNG`: an unwritable PNG is named before the runs are read
     (here there are none: the error must not be about them)."""

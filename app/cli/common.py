@@ -54,6 +54,12 @@ def positive(value: Optional[int], flag: str) -> None:
         raise ValueError(f"{flag} must be a positive integer, got {value}")
 
 
+def not_negative(value: Optional[float], flag: str) -> None:
+    """Refuse a value below 0, or NaN (None: not given)."""
+    if value is not None and not value >= 0:
+        raise ValueError(f"{flag} must be at least 0, got {value}")
+
+
 def integers(text: str, flag: str) -> list[int]:
     """A comma-separated list of integers ('' for none)."""
     try:

@@ -1,5 +1,5 @@
 """The `dflash` command line: generate, cache-prompt, bench, serve, convert, export, and the training
-commands (instructions, data, train, eval, curves, draft-vocab: `train.py`).
+commands (instructions, data, train, eval, curves: `train.py`; draft-vocab: `draft_vocab.py`).
 
 Each command parses its options, calls the engine (`dflash_mlx`) or the converters, and
 prints. Expected failures (`dflash_mlx.errors.EXPECTED_ERRORS`) become one line on
@@ -18,10 +18,10 @@ import typer
 
 from app.cli.bench.commands import bench_app
 from app.cli.common import SHARDING_HELP, check_pair, one_line_errors, positive, prompt_text, writable
+from app.cli.draft_vocab import draft_vocab_command
 from app.cli.train import (
     curves_command,
     data_command,
-    draft_vocab_command,
     eval_command,
     instructions_command,
     train_command,
