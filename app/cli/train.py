@@ -194,7 +194,7 @@ TRAIN_OPTIONS = [
     ("max_len", int, 1024, ["--max-len"], "Truncate sequences to this many tokens."),
     ("epochs", float, 1.0, ["--epochs"], None),
     ("max_steps", Optional[int], None, ["--max-steps"], None),
-    ("time_limit", Optional[float], None, ["--time-limit"], "Stop after this many seconds."),
+    ("time_limit", Optional[float], None, ["--time-limit"], "Wall seconds to train for; the schedule follows them."),
     (
         "core_hours",
         Optional[float],
@@ -203,7 +203,7 @@ TRAIN_OPTIONS = [
         "Stop after this much CPU time of training (all threads, summed over --resume); the schedule follows it.",
     ),
     ("lr", float, 0.0006, ["--lr"], None),
-    ("warmup", float, 0.04, ["--warmup"], "Warmup fraction of the steps."),
+    ("warmup", float, 0.04, ["--warmup"], "Warmup fraction of the run's budget (steps, seconds or core-hours)."),
     ("weight_decay", float, 0.01, ["--weight-decay"], None),
     ("adam_beta2", float, 0.95, ["--adam-beta2"], "AdamW beta2 (0.95: short runs escape the unigram plateau)."),
     ("grad_clip", float, 1.0, ["--grad-clip"], None),
@@ -221,7 +221,7 @@ TRAIN_OPTIONS = [
     ("eval_minutes", float, 10.0, ["--eval-minutes"], "Held-out greedy tau every this many minutes (0: off)."),
     ("eval_prompts", int, 8, ["--eval-prompts"], "Held-out prompts per periodic evaluation."),
     ("seed", int, 0, ["--seed"], None),
-    ("resume", bool, False, ["--resume"], "Continue from OUT/checkpoint."),
+    ("resume", bool, False, ["--resume"], "Continue from OUT/checkpoint (a fresh start where there is none)."),
     (
         "resume_from",
         Optional[Path],

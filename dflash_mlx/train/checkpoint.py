@@ -1,6 +1,7 @@
-"""What a training run is asked to do (`TrainArgs`), where it stands (`TrainState`), and
-the checkpoint that records both beside the drafter (`save_checkpoint`), so that
-`--resume` continues exactly where a run left off."""
+"""What a training run is asked to do (`TrainArgs`, checked before any work), where it
+stands (`TrainState`), and the checkpoint that records both beside the drafter
+(`save_checkpoint`), so that `--resume` continues exactly where a run left off, its log
+(`open_log`) included; and the compact resume point a new machine restores it from."""
 
 from __future__ import annotations
 
