@@ -233,3 +233,15 @@ def test_a_restored_checkpoint_keeps_every_optimizer_dtype(tmp_path, monkeypatch
     after = mx.load(str(tmp_path / "again" / "checkpoint" / "optimizer.npz"))
     assert {k: v.dtype for k, v in after.items()} == {k: v.dtype for k, v in before.items()}
     assert after["step"].item() == 2
+
+
+def test_a_restored_run_takes_the_resume_points_log(tmp_path, monkeypatch):
+    """OUT without a checkpoint may still hold a log (a run that ended before its first
+    checkpoint): restoring the resume point there takes the point's log, the run's curve."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point, again = tmp_path / "point", tmp_path / "again"
+    train(_args(data, tmp_path / "run", max_steps=2, resume_point=str(point)), log=lambda s: None)
+    again.mkdir()
+    (again / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0}) + "\n")
+    restore_resume_point(point, again)
+    assert (again / "train_log.jsonl").read_text() == (point / "train_log.jsonl").read_text()

@@ -203,5 +203,5 @@ def restore_resume_point(src: Path, out: Path) -> None:
         write_drafter_files(tmp, weights, json.loads((src / "config.json").read_text()))
         mx.savez(str(tmp / "optimizer.npz"), **moments)
         shutil.copyfile(src / "state.json", tmp / "state.json")
-    if (src / "train_log.jsonl").is_file() and not (out / "train_log.jsonl").is_file():
-        shutil.copyfile(src / "train_log.jsonl", out / "train_log.jsonl")
+    if (src / "train_log.jsonl").is_file():  # a log in OUT without a checkpoint is no run's to continue
+        write_text_atomic(out / "train_log.jsonl", (src / "train_log.jsonl").read_text())
