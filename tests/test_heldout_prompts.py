@@ -86,3 +86,26 @@ def test_bench_and_eval_read_the_sets_by_name(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ValueError, match="no prompts in"):
         read_prompt_sources([str(empty)])
+
+
+def test_the_heldout_set_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A first `dflash data` stopped while writing heldout.jsonl leaves none: a partial file
+    would be read back by the next run as the whole held-out set, and the prompts missing
+    from it would be trained on."""
+    import dflash_mlx.train.data as data
+
+    prompts = collect_prompts(["chat", "math"], seed=0)
+    dumps, written = data.json.dumps, []
+
+    def stopped_at_the_third(obj, *args, **kwargs):
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(obj)
+        return dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr(data.json, "dumps", stopped_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        split_prompts(tmp_path, prompts, 10, seed=0)
+    monkeypatch.undo()
+    assert not (tmp_path / "heldout.jsonl").exists()
+    assert len(split_prompts(tmp_path, prompts, 10, seed=0)[1]) == 10

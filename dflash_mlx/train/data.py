@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from ..atomic import write_text_atomic
 from .answers import generate_answers
 from .conversations import answer_conversations
 from .instructions import NearDuplicates, normalize
@@ -35,9 +36,7 @@ def split_prompts(out_dir: Path, prompts: list[dict], heldout: int, seed: int) -
         train, _ = split_heldout(kept, 0, seed)
         return train, held
     train, held = split_heldout(prompts, heldout, seed)
-    with open(held_file, "w") as fh:
-        for p in held:
-            fh.write(json.dumps(p) + "\n")
+    write_text_atomic(held_file, "".join(json.dumps(p) + "\n" for p in held))  # a partial set would leak the rest
     return train, held
 
 
@@ -93,7 +92,7 @@ def build_dataset(
         "temp": temp,
         "turns": turns,
     }
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(out_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
     model, tokenizer = load(model_path)
     control = ThreadControl(threads)
     log(
