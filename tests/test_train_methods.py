@@ -183,3 +183,16 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, arch):
     b = dict(tree_flatten(resumed["drafter"].parameters()))
     for k in a:
         np.testing.assert_allclose(np.array(a[k]), np.array(b[k]), atol=1e-6, err_msg=k)
+
+
+def test_a_store_refuses_another_models_features(tmp_path):
+    """Features of one target are not another's, even at the same layers, width and top-K."""
+    FeatureStore(tmp_path / "f", [0], 4, top_k=2, model="/models/a").add(
+        "s", np.ones((3, 4)), np.zeros((3, 2)), np.zeros((3, 2))
+    )
+    assert len(FeatureStore(tmp_path / "f", [0], 4, top_k=2, model="/models/a")) == 1
+    assert len(FeatureStore(tmp_path / "f", [0], 4, top_k=2)) == 1  # a reader that names no model
+    with pytest.raises(
+        ValueError, match="holds features of model '/models/a', not '/models/b'; use another --features"
+    ):
+        FeatureStore(tmp_path / "f", [0], 4, top_k=2, model="/models/b")

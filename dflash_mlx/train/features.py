@@ -51,6 +51,11 @@ class FeatureStore:
                 k: meta[k] for k in ("layer_ids", "width", "top_k")
             }:
                 raise ValueError(f"feature cache {self.path} was built for {old}; use another --features dir")
+            if model and old.get("model") and old["model"] != model:  # same shapes, another target's features
+                raise ValueError(
+                    f"feature cache {self.path} holds features of model {old['model']!r}, not {model!r}; "
+                    "use another --features dir"
+                )
         else:
             meta_file.write_text(json.dumps(meta) + "\n")
         self.width, self.top_k = int(width), int(top_k)

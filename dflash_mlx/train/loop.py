@@ -77,6 +77,8 @@ class Trainer:
         self.weights = loss_weights(self.cfg.block_size, args.gamma)
         features = Path(args.features) if args.features else Path(args.data).parent / "features"
         self.store_dir = features / ("L" + "-".join(map(str, self.cfg.target_layer_ids)) + f"-k{args.top_k}")
+        local = args.model and Path(args.model).exists()  # the store names its target: a path resolved, or an id
+        self.model_key = str(Path(args.model).resolve()) if local else args.model or "default"
         self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
         self.threads = ThreadControl(args.threads)  # also for the feature pass
         self.data_seconds = 0.0  # CPU time of refresh_data during the current step (not training)
@@ -117,7 +119,7 @@ class Trainer:
         width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
-                store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
+                store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
                 missing = [(k, t) for k, t, _ in seqs if k not in store]
                 if a.feature_chunk:  # an epoch not begun adds a chunk to what the run had; else catch up to it
                     stored, st = len(seqs) - len(missing), self.state
@@ -136,7 +138,7 @@ class Trainer:
                         )
         if self.world > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
-        self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, a.model or "default")
+        self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
         self.data_size = len(seqs)
         self.seqs = [s for s in seqs if s[0] in self.store]  # all of them unless --feature-chunk
         if self.catching_up() and self.rank == 0:
