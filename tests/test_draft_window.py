@@ -16,7 +16,7 @@ from dflash_mlx.context_cache import ContextCache
 from dflash_mlx.options import DRAFT_WINDOW, DecodeOptions, OptionError
 from dflash_mlx.targets import make_target
 from references import dflash_tokens, greedy_reference
-from test_targets import MASK, prompt_of, random_drafter
+from tiny_drafters import MASK, prompt_of, random_drafter
 from tiny_targets import HIDDEN, tiny_target
 
 

@@ -15,7 +15,7 @@ import pytest
 from dflash_mlx.cache import PromptCache, load_file, save_file
 from dflash_mlx.targets import make_target
 from references import dflash_tokens
-from test_targets import prompt_of, random_drafter
+from tiny_drafters import prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 N = 20

@@ -13,7 +13,7 @@ from dflash_mlx import Pair, make_prompt_cache
 from dflash_mlx.speculative import generate_step
 from dflash_mlx.targets import make_target
 from references import dflash_tokens, greedy_reference
-from test_targets import prompt_of, random_drafter
+from tiny_drafters import prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 N = 24

@@ -17,8 +17,6 @@ test_targets_sampling.py.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
@@ -27,55 +25,16 @@ from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from dflash_mlx import PromptCache
-from dflash_mlx.drafter import Drafter, DrafterConfig
+from dflash_mlx.drafter import DrafterConfig
 from dflash_mlx.rollback import Checkpoint
-from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from references import dflash_tokens, greedy_reference
 from test_lossless import ScriptedPolicy
-from tiny_targets import FAMILIES, VOCAB, WINDOW, tiny_drafter_config, tiny_target
+from tiny_drafters import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of, random_drafter
+from tiny_targets import FAMILIES, WINDOW, tiny_target
 
-BLOCK = 6
-MASK = VOCAB - 1
 # (prompt length, tokens generated): shorter than, about, and far longer than the window.
 LENGTHS = [(5, 30), (WINDOW + 1, 24), (3 * WINDOW + 3, 30)]
-
-
-def drafter_config(target: Target, block_size: int = BLOCK) -> DrafterConfig:
-    return tiny_drafter_config(target.num_layers, block_size, mask_token_id=MASK)
-
-
-def random_drafter(target: Target, seed: int = 0, **fields) -> Drafter:
-    """A random drafter for `target` (`drafter_config`, `fields` replaced), drawn from `seed`."""
-    mx.random.seed(seed)
-    drafter = Drafter(replace(drafter_config(target), **fields))
-    mx.eval(drafter.parameters())
-    return drafter
-
-
-class ScriptedDrafter(Drafter):
-    """Proposes the true continuation, corrupted where `corrupt(cycle, k)` says (one-hot logits)."""
-
-    def __init__(self, target: Target, truth: list[int], corrupt):
-        super().__init__(drafter_config(target))
-        self.truth, self.corrupt, self.cycle = truth, corrupt, 0
-
-    def propose(self, block, cache, target):
-        start = cache[0].offset
-        tokens = []
-        for k in range(1, block.shape[1]):
-            true = self.truth[start + k] if start + k < len(self.truth) else 0
-            tokens.append((true + 1) % VOCAB if self.corrupt(self.cycle, k) else true)
-        self.cycle += 1
-        return mx.where(mx.arange(VOCAB)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
-
-
-# all wrong, first wrong, last wrong, middle wrong, all right
-PATTERNS = [lambda k: True, lambda k: k == 1, lambda k: k == BLOCK - 1, lambda k: k == BLOCK // 2, lambda k: False]
-
-
-def prompt_of(length: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(1, MASK, size=length).tolist()
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

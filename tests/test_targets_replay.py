@@ -22,7 +22,7 @@ from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from metal_emu import MetalKernel
 from references import dflash_tokens, greedy_reference
-from test_targets import BLOCK, PATTERNS, ScriptedDrafter, prompt_of, random_drafter
+from tiny_drafters import BLOCK, PATTERNS, ScriptedDrafter, prompt_of, random_drafter
 from tiny_targets import tiny_target
 
 HYBRIDS = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]

@@ -17,7 +17,7 @@ from dflash_mlx import PromptCache
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.targets import make_target
 from chi_square import MIN_EXPECTED, assert_fits
-from test_targets import random_drafter
+from tiny_drafters import random_drafter
 from tiny_targets import tiny_target
 
 TEMP = 0.5

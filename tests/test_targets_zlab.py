@@ -23,7 +23,7 @@ from dflash_mlx.speculative import stream_generate
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from references import greedy_reference
-from test_targets import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of
+from tiny_drafters import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of
 from tiny_targets import HIDDEN, VOCAB, tiny_target
 from zlab_run import zlab_generate
 
@@ -66,7 +66,7 @@ def test_qwen3_5_greedy_equals_zlab_mlx(default_model, tmp_path, block_size):
 
 
 def _zlab_scripted_drafter(target: Target, truth: list[int], corrupt):
-    """z-lab's MLX drafter class, proposing as `test_targets.ScriptedDrafter` does: it
+    """z-lab's MLX drafter class, proposing as `tiny_drafters.ScriptedDrafter` does: it
     tracks its block's position from the context it is handed (all of it the first time,
     the committed tokens after)."""
     from dflash import model_mlx

@@ -33,7 +33,7 @@ from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from chi_square import assert_fits
 from references import dflash_tokens, greedy_reference
-from test_targets import BLOCK, drafter_config, prompt_of, random_drafter
+from tiny_drafters import BLOCK, drafter_config, prompt_of, random_drafter
 from tiny_targets import VOCAB, tiny_target
 
 TREE_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
