@@ -33,8 +33,7 @@ from dflash_mlx.messages import apply_chat_template
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import build_tree
 from references import dflash_tokens, greedy_reference
-from tiny_drafters import random_drafter
-from test_tree import random_candidates
+from tiny_drafters import random_candidates, random_drafter
 from tiny_targets import tiny_target
 
 

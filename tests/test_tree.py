@@ -28,18 +28,11 @@ from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
 from dflash_mlx.tree import Tree, build_tree, top_candidates, walk
 from chi_square import assert_fits
+from tiny_drafters import random_candidates
 from tiny_targets import VOCAB, tiny_target
 
 TREE_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
 PROMPT = [3, 17, 29, 41, 5, 60, 77, 8, 99]
-
-
-def random_candidates(depth: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each depth's k candidates (log-probabilities most likely first, distinct ids)."""
-    rng = np.random.default_rng(seed)
-    lp = np.sort(np.log(rng.dirichlet(np.ones(k + 2), size=depth))[:, :k], axis=1)[:, ::-1]
-    ids = np.stack([rng.permutation(VOCAB)[:k] for _ in range(depth)])
-    return np.ascontiguousarray(lp), ids
 
 
 def all_paths(lp: np.ndarray, max_depth: int) -> list[float]:

@@ -1,7 +1,7 @@
 """Drafters and prompts for the tiny targets (`tiny_targets.py`): the block size and mask
 token the tiny-target tests decode with, a random drafter, a scripted adversary that
 proposes the true continuation corrupted where told (and the error patterns it is
-given), and random prompts."""
+given), random prompts, and random per-depth candidates for draft trees."""
 
 from __future__ import annotations
 
@@ -56,3 +56,11 @@ PATTERNS = [lambda k: True, lambda k: k == 1, lambda k: k == BLOCK - 1, lambda k
 def prompt_of(length: int, seed: int) -> list[int]:
     """`length` random tokens drawn from `seed` (neither 0 nor `MASK`)."""
     return np.random.default_rng(seed).integers(1, MASK, size=length).tolist()
+
+
+def random_candidates(depth: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each depth's k candidates (log-probabilities most likely first, distinct ids)."""
+    rng = np.random.default_rng(seed)
+    lp = np.sort(np.log(rng.dirichlet(np.ones(k + 2), size=depth))[:, :k], axis=1)[:, ::-1]
+    ids = np.stack([rng.permutation(VOCAB)[:k] for _ in range(depth)])
+    return np.ascontiguousarray(lp), ids
