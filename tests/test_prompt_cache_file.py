@@ -15,12 +15,8 @@ import pytest
 from dflash_mlx.cache import PromptCache, load_file, save_file
 from dflash_mlx.targets import make_target
 from references import dflash_tokens
-from tiny_drafters import prompt_of, random_drafter
+from tiny_drafters import DECODE, N, prompt_of, random_drafter
 from tiny_targets import tiny_target
-
-N = 20
-#: How `dflash_tokens` decodes the saved prefix and a fresh prefill of the same prompt.
-DECODE = dict(block_size=4, draft_window=6)
 
 
 def test_saved_prefix_gives_the_same_output(tmp_path):

@@ -1,7 +1,8 @@
 """Drafters and prompts for the tiny targets (`tiny_targets.py`): the block size and mask
 token the tiny-target tests decode with, a random drafter, a scripted adversary that
 proposes the true continuation corrupted where told (and the error patterns it is
-given), random prompts, and random per-depth candidates for draft trees."""
+given), random prompts, random per-depth candidates for draft trees, and how the
+prompt-cache tests decode a cached prefix and a fresh prefill alike (`N`, `DECODE`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from tiny_targets import VOCAB, tiny_drafter_config
 
 BLOCK = 6
 MASK = VOCAB - 1
+#: Tokens the prompt-cache tests decode, and how `dflash_tokens` decodes them (from a
+#: loaded or reused prefix, and from a fresh prefill of the same prompt).
+N = 20
+DECODE = dict(block_size=4, draft_window=6)
 
 
 def drafter_config(target: Target, block_size: int = BLOCK) -> DrafterConfig:
