@@ -19,7 +19,7 @@ from dflash_mlx import PromptCache, stream_generate
 from dflash_mlx.policy import BlockSizePolicy, Width
 from dflash_mlx.tree_policy import TreePolicy
 from conftest import smollm2_drafter_config
-from test_tree_policy import rows_cost
+from fixed_policies import rows_cost
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
 

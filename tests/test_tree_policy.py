@@ -14,13 +14,9 @@ import pytest
 from dflash_mlx.plan import Plan
 from dflash_mlx.policy import BlockSizePolicy, Width
 from dflash_mlx.tree_policy import TreePolicy, tree_prior
+from fixed_policies import rows_cost
 
 B = 8
-
-
-def rows_cost(width: Width) -> float:
-    """A plain step 1; a drafted cycle 1.6 + 0.05 per row verified (trees and chains alike)."""
-    return 1.0 if width.size == 1 else 1.6 + 0.05 * width.size
 
 
 def stream(policy, chain_accept, tree_accept, cycles: int, seed: int = 0, cost=rows_cost, show_chain=True):
