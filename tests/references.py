@@ -1,5 +1,6 @@
 """The two runs that tests compare: mlx-lm's own greedy decoding (the reference every
-lossless test checks against) and the first tokens of our `generate_step` with its stats."""
+lossless test checks against) and ours: the first tokens of our `generate_step` with its
+stats, or every response of our `stream_generate`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mlx_lm.generate import generate_step as mlx_lm_generate_step
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import SamplingParams
-from dflash_mlx.speculative import GenerationStats, generate_step
+from dflash_mlx.speculative import GenerationResponse, GenerationStats, generate_step, stream_generate
 
 
 def greedy_reference(model: nn.Module, prompt: Sequence[int], n: int, **kw: Any) -> list[int]:
@@ -57,3 +58,11 @@ def target_alone(model: nn.Module, prompt: Sequence[int], n: int, sampling: Samp
     if sampling.greedy:
         return greedy_reference(model, prompt, n)
     return dflash_tokens(model, prompt, None, n, sampling=sampling)[0]
+
+
+def ours(
+    model: nn.Module, tokenizer: Any, prompt: Sequence[int], drafter: Optional[Drafter], **kw: Any
+) -> tuple[list[int], list[GenerationResponse]]:
+    """Our `stream_generate` on `prompt` (`kw` go to it): its tokens and its responses."""
+    responses = list(stream_generate(model, tokenizer, prompt, drafter, **kw))
+    return [r.token for r in responses], responses

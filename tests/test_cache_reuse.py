@@ -12,7 +12,9 @@ from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 from dflash_mlx import PromptCache, stream_generate
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.targets import make_target
-from test_lossless import BLOCK, PROMPTS, ScriptedPolicy, chat, drafter_config, ours
+from fixed_policies import ScriptedPolicy
+from references import ours
+from smollm2_drafters import BLOCK, PROMPTS, chat, drafter_config
 
 
 def test_drafter_context_after_mixed_cycles_equals_a_prefill(default_model):

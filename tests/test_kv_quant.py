@@ -23,7 +23,7 @@ from dflash_mlx.options import OptionError
 from dflash_mlx.speculative import generate_step
 from conftest import smollm2_drafter_config
 from references import dflash_tokens, greedy_reference
-from test_lossless import ScriptedDrafter, chat
+from smollm2_drafters import ScriptedDrafter, chat
 from tiny_targets import tiny_target
 
 N = 24

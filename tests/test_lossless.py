@@ -15,80 +15,17 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from dflash_mlx import PromptCache, stream_generate
+from dflash_mlx import PromptCache
 from dflash_mlx.policy import BlockSizePolicy, Width
 from dflash_mlx.tree_policy import TreePolicy
-from conftest import smollm2_drafter_config
-from fixed_policies import rows_cost
-from dflash_mlx.drafter import Drafter, DrafterConfig
+from fixed_policies import ScriptedPolicy, rows_cost
+from references import ours
+from smollm2_drafters import BLOCK, PROMPTS, ScriptedDrafter, ScriptedDrafter2, chat, drafter_config
+from dflash_mlx.drafter import Drafter
 from dflash_mlx.drafter2 import Drafter2
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a Python function that returns the factorial of n.",
-    "Explain photosynthesis in two sentences.",
-    "List three prime numbers greater than 10.",
-]
 MAX_TOKENS = 72
-BLOCK = 8
-
-
-def drafter_config(**kw) -> DrafterConfig:
-    return smollm2_drafter_config(
-        **{"intermediate_size": 1536, "target_layer_ids": [2, 15, 28], "block_size": BLOCK, **kw}
-    )
-
-
-class Scripted:
-    """A drafter (mixed into either family) that proposes the target's true continuation,
-    corrupted by `corrupt(cycle, k)`.
-
-    It reads the block's position from its context cache, like a real drafter, runs its
-    real forward, and gives one-hot logits through its head, so it exercises every
-    acceptance length (a DFlash2 drafter's selector then picks among those logits)."""
-
-    def __init__(self, truth: list[int], corrupt, block_size: int = BLOCK):
-        super().__init__(drafter_config(block_size=block_size, dflash2=isinstance(self, Drafter2)))
-        self.truth, self.corrupt, self.cycle = truth, corrupt, 0
-
-    def __call__(self, block_embeddings, cache):
-        self.position = cache[0].offset  # position of block[0]
-        return super().__call__(block_embeddings, cache)
-
-    def head(self, h, target):
-        start, size = self.position, h.shape[0] + 1
-        tokens = []
-        for k in range(1, size):
-            true = self.truth[start + k] if start + k < len(self.truth) else 0
-            tokens.append((true + 1) % 49152 if self.corrupt(self.cycle, k) else true)
-        self.cycle += 1
-        return mx.where(mx.arange(49152)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
-
-
-class ScriptedDrafter(Scripted, Drafter):
-    pass
-
-
-class ScriptedDrafter2(Scripted, Drafter2):
-    pass
-
-
 FAMILIES = pytest.mark.parametrize("scripted", [ScriptedDrafter, ScriptedDrafter2], ids=["v1", "dflash2"])
-
-
-class ScriptedPolicy(BlockSizePolicy):
-    """Block sizes from a fixed sequence (cycled), still capped by the tokens left."""
-
-    def __init__(self, sizes, max_size: int = BLOCK):
-        super().__init__(max_size)
-        self.sizes = itertools.cycle(sizes)
-
-    def choose(self, limit=None) -> int:
-        return min(next(self.sizes), limit or self.max_size)
-
-
-def chat(tokenizer, text: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +38,6 @@ def references(default_model):
         prompt = chat(tokenizer, text)
         out[text] = (prompt, [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)])
     return out
-
-
-def ours(model, tokenizer, prompt, drafter, **kw):
-    responses = list(stream_generate(model, tokenizer, prompt, drafter, **kw))
-    return [r.token for r in responses], responses
 
 
 class RowCostPolicy(TreePolicy):

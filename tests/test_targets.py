@@ -29,7 +29,7 @@ from dflash_mlx.drafter import DrafterConfig
 from dflash_mlx.rollback import Checkpoint
 from dflash_mlx.targets import make_target
 from references import dflash_tokens, greedy_reference
-from test_lossless import ScriptedPolicy
+from fixed_policies import ScriptedPolicy
 from tiny_drafters import BLOCK, MASK, PATTERNS, ScriptedDrafter, drafter_config, prompt_of, random_drafter
 from tiny_targets import FAMILIES, WINDOW, tiny_target
 
