@@ -1,5 +1,6 @@
-"""Shared test fixtures (the default model; the server's worker and a live server over it),
-the test drafter for the default target, the shipped held-out prompts, and the `slow` marker.
+"""Shared test fixtures (the default model, and a separate copy of it for z-lab's loop; the
+server's worker and a live server over it), the test drafter for the default target, the
+shipped held-out prompts, and the `slow` marker.
 
 `dflash_mlx` is imported before anything pulls in `mlx`, so OpenBLAS is preloaded.
 Test modules import the helpers here as ``from conftest import ...`` (tests/ is on the path).
@@ -112,6 +113,14 @@ def default_model(default_model_dir: Path):
     import mlx_lm
 
     return mlx_lm.load(str(default_model_dir))
+
+
+@pytest.fixture(scope="module")
+def zlab_target(default_model_dir: Path):
+    """A separate copy of the default target: z-lab's MLX loop patches the model it gets."""
+    import mlx_lm
+
+    return mlx_lm.load(str(default_model_dir))[0]
 
 
 @pytest.fixture

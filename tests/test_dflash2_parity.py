@@ -25,8 +25,9 @@ from dflash_mlx.drafter2 import Drafter2
 from dflash_mlx.sampling import SamplingParams
 
 from conftest import SMOLLM2
-from test_reference_parity import CONFIGS as V1_CONFIGS
-from test_reference_parity import chat_ids, ours_generate, step_inputs
+from parity_cases import CONFIGS as V1_CONFIGS
+from parity_cases import MASK, VOCAB, ours_generate, step_inputs
+from smollm2_drafters import chat
 from zlab_run import zlab_generate
 
 import zlab_reference as zr
@@ -40,8 +41,6 @@ pytestmark = [
 ]
 
 TOL = 1e-5
-VOCAB = 192
-MASK = VOCAB - 1
 
 CONFIGS = {
     "2 layers, kernel 2, group 16, top 4": dict(
@@ -189,7 +188,7 @@ def test_greedy_tokens_equal_zlab_mlx_dflash2(default_model, zlab_target, smol2_
     ours = load_draft(str(path), model=model)
     theirs = zrun.zlab_mlx_load_draft(path)
     assert isinstance(ours, Drafter2) and type(theirs).__name__ == "DFlash2DraftModel"
-    prompt = chat_ids(tokenizer, text)
+    prompt = chat(tokenizer, text)
     max_tokens = 40
     want, their_cycles = zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
     got, our_cycles = ours_generate(model, ours, tokenizer, prompt, max_tokens, block_size)
@@ -198,14 +197,6 @@ def test_greedy_tokens_equal_zlab_mlx_dflash2(default_model, zlab_target, smol2_
     assert our_cycles[len(their_cycles) - 1] >= their_cycles[-1]
     if kind == "comma":
         assert sum(c >= 2 for c in their_cycles) >= 3, their_cycles
-
-
-@pytest.fixture(scope="module")
-def zlab_target(default_model_dir):
-    """A separate copy of the default target: z-lab's MLX loop patches the model it gets."""
-    import mlx_lm
-
-    return mlx_lm.load(str(default_model_dir))[0]
 
 
 def test_first_draft_equals_zlab_mlx_on_the_real_target(default_model, smol2_drafters):
@@ -220,7 +211,7 @@ def test_first_draft_equals_zlab_mlx_on_the_real_target(default_model, smol2_dra
     path = smol2_drafters["random"]
     ours, theirs = load_draft(str(path), model=model), zrun.zlab_mlx_load_draft(path).bind(model)
     target = make_target(model, SMOL_IDS)
-    tokens = chat_ids(tokenizer, "Write a haiku about the sea.")
+    tokens = chat(tokenizer, "Write a haiku about the sea.")
     _, features = target.forward(mx.array(tokens)[None], make_prompt_cache(model))
     our_cache, their_cache = ours.make_cache(), theirs.make_cache()
     off_argmax = 0

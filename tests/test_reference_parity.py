@@ -19,16 +19,16 @@ from __future__ import annotations
 import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 
 import mlx.core as mx
-import mlx_lm
 import numpy as np
 import pytest
 
-from dflash_mlx import load_draft, stream_generate
+from dflash_mlx import load_draft
 from dflash_mlx.drafters import build_drafter
-from dflash_mlx.options import DecodeOptions
 from dflash_mlx.targets import make_target
 
 from conftest import SMOLLM2
+from parity_cases import CONFIGS, MASK, STEPS, VOCAB, ours_generate, step_inputs
+from smollm2_drafters import chat
 from zlab_run import zlab_generate
 
 import zlab_reference as zr
@@ -40,86 +40,6 @@ pytestmark = [
 ]
 
 TOL = 1e-4  # max abs difference allowed between our float32 outputs and z-lab's
-VOCAB = 192
-MASK = VOCAB - 1
-
-# name -> zlab_config arguments (vocab / mask filled in by _config)
-CONFIGS = {
-    "1 layer, MHA": dict(
-        hidden_size=64,
-        num_layers=1,
-        num_heads=4,
-        num_kv_heads=4,
-        head_dim=16,
-        intermediate_size=128,
-        block_size=8,
-        num_target_layers=8,
-        target_layer_ids=[3],
-        rope_theta=10_000.0,
-    ),
-    "3 layers, GQA, head_dim 32": dict(
-        hidden_size=96,
-        num_layers=3,
-        num_heads=6,
-        num_kv_heads=2,
-        head_dim=32,
-        intermediate_size=160,
-        block_size=16,
-        num_target_layers=10,
-        target_layer_ids=[1, 4, 8],
-        rope_theta=1_000_000.0,
-    ),
-    # transformers' Qwen3Config drops sliding_window unless use_sliding_window is set.
-    "sliding window 6, causal": dict(
-        hidden_size=64,
-        num_layers=3,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        block_size=8,
-        num_target_layers=6,
-        target_layer_ids=[1, 3],
-        rope_theta=10_000.0,
-        sliding_window=6,
-        use_sliding_window=True,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-    ),
-    "sliding window 5 < block, bidirectional": dict(
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=96,
-        block_size=8,
-        num_target_layers=6,
-        target_layer_ids=[0, 5],
-        rope_theta=10_000.0,
-        sliding_window=5,
-        use_sliding_window=True,
-        is_causal=False,
-        layer_types=["full_attention", "sliding_attention"],
-    ),
-    # z-lab (torch and MLX alike) applies a config's is_causal to EVERY layer.
-    "is_causal true, full attention": dict(
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        block_size=8,
-        num_target_layers=6,
-        target_layer_ids=[2, 4],
-        rope_theta=10_000.0,
-        is_causal=True,
-    ),
-}
-
-# (new context tokens, block length) per step: the context grows 9 -> 10 -> 14 -> 16 -> 22,
-# and the last block is shorter, as z-lab's loop makes it near max_tokens.
-STEPS = [(9, None), (1, None), (4, None), (2, None), (6, 5)]
 
 
 def _config(spec: dict) -> dict:
@@ -130,20 +50,6 @@ def _ours_from_torch(torch_model, config: dict, **overrides):
     """Our drafter built from z-lab's state dict, key by key."""
     weights = {k: mx.array(v) for k, v in zr.state_dict_numpy(torch_model).items()}
     return build_drafter({**config, **overrides}, weights)
-
-
-def step_inputs(rng, spec: dict):
-    """Random features, token embeddings and an lm_head shared by both implementations."""
-    hidden, n_ids = spec["hidden_size"], len(spec["target_layer_ids"])
-    embed = (0.5 * rng.standard_normal((VOCAB, hidden))).astype(np.float32)
-    lm_head = (rng.standard_normal((VOCAB, hidden)) / np.sqrt(hidden)).astype(np.float32)
-    steps = []
-    for n_new, size in STEPS:
-        size = size or spec["block_size"]
-        features = (2.0 * rng.standard_normal((1, n_new, n_ids * hidden))).astype(np.float32)
-        block = [int(rng.integers(0, VOCAB - 1))] + [MASK] * (size - 1)
-        steps.append((features, embed[block][None]))
-    return steps, lm_head
 
 
 def _run_ours(drafter, steps, lm_head):
@@ -274,24 +180,6 @@ def smol_drafters(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def zlab_target(default_model_dir):
-    """A separate copy of the default target: z-lab's MLX loop patches the model it gets."""
-    return mlx_lm.load(str(default_model_dir))[0]
-
-
-def chat_ids(tokenizer, text: str) -> list[int]:
-    """The token ids of one user message, chat-templated for the answer."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-
-
-def ours_generate(model, drafter, tokenizer, prompt, max_tokens, block_size):
-    """Our tokens and accepted lengths, the drafter's chains alone (z-lab's loop has no prompt lookup)."""
-    options = DecodeOptions(block_size=block_size, lookup=0)
-    responses = list(stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens))
-    return [r.token for r in responses], responses[-1].stats.accepted_lengths
-
-
 # The random drafter's answer stops at EOS within a few cycles of 16; the comma drafter's
 # runs to max_tokens, its blocks accepted in part and shrunk at the end.
 CASES = [
@@ -306,7 +194,7 @@ def test_greedy_tokens_equal_zlab_mlx(default_model, zlab_target, smol_drafters,
     path = smol_drafters[kind]
     ours = load_draft(str(path), model=model)
     theirs = zrun.zlab_mlx_load_draft(path)
-    prompt = chat_ids(tokenizer, text)
+    prompt = chat(tokenizer, text)
 
     max_tokens = 48  # z-lab counts the prefill token too, as we do
     want, their_cycles = zlab_generate(zlab_target, theirs, tokenizer, prompt, max_tokens, block_size)
