@@ -1,6 +1,7 @@
 """A sequence made ready to join a batch in tests: its prompt (all but the last token) fed
 into a single-sequence cache in chunks, and with a drafter into its context cache too (the
-server builds its rows through the decoding loop instead); and the batch tests' prompts."""
+server builds its rows through the decoding loop instead); and the batch tests' prompts
+and sampled rows' settings (`SAMPLED`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import mlx.nn as nn
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.pair import Pair
+from dflash_mlx.sampling import SamplingParams
 from tiny_targets import VOCAB
+
+#: Seeded sampled settings (temperature, top-p, top-k, seed) that batch rows decode with.
+SAMPLED = [SamplingParams(0.9, 0.9, 0, 11), SamplingParams(1.0, 1.0, 20, 12), SamplingParams(0.7, 0.8, 30, 13)]
 
 
 def row_prompt(length: int, salt: int, vocab: int = VOCAB) -> list[int]:

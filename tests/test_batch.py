@@ -25,11 +25,9 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 from dflash_mlx.batch import BATCHED_FAMILIES, BatchDecoder, batchable, cache_length, refusal
 from dflash_mlx.sampling import SamplingParams
 
-from batch_rows import prefill, row_prompt
+from batch_rows import SAMPLED, prefill, row_prompt
 from references import dflash_tokens, greedy_reference
 from tiny_targets import VOCAB, tiny_target
-
-SAMPLED = [SamplingParams(0.9, 0.9, 0, 11), SamplingParams(1.0, 1.0, 20, 12), SamplingParams(0.7, 0.8, 30, 13)]
 
 
 # (prompt length, max tokens, step it joins at, step it is cancelled at or None)

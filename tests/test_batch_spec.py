@@ -31,8 +31,7 @@ from dflash_mlx.targets import make_target
 
 from conftest import smollm2_drafter_config
 from references import dflash_tokens, greedy_reference, target_alone
-from test_batch import SAMPLED
-from batch_rows import prefill, row_prompt
+from batch_rows import SAMPLED, prefill, row_prompt
 from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
 
 BLOCK = 6
