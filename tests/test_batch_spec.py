@@ -29,12 +29,9 @@ from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.targets import make_target
 
-from conftest import smollm2_drafter_config
 from references import dflash_tokens, greedy_reference, target_alone
-from batch_rows import SAMPLED, prefill, row_prompt
+from batch_rows import BLOCK, PATTERNS, SAMPLED, join_row, prefill, row_prompt, scripted_drafter
 from tiny_targets import VOCAB, tiny_drafter_config, tiny_target
-
-BLOCK = 6
 
 #: (prompt length, max tokens, cycle it joins at)
 REQUESTS = [(5, 20, 0), (13, 9, 0), (1, 16, 2), (9, 12, 5)]
@@ -42,61 +39,6 @@ REQUESTS = [(5, 20, 0), (13, 9, 0), (1, 16, 2), (9, 12, 5)]
 ONE_TOKEN_FIRST = [(1, 16, 0), (9, 12, 1)]
 #: the widths of successive cycles (1: a plain batched step)
 WIDTHS = [4, 6, 1, 3, 6, 2, 1, 5, 6, 4]
-#: where each request's drafts are wrong: corrupt(cycle, k) for draft k of the block
-PATTERNS = [
-    lambda cycle, k: False,  # every draft right
-    lambda cycle, k: k == 2,  # one accepted
-    lambda cycle, k: (cycle + k) % 3 == 0,  # 0, 1 or 2 accepted, by cycle
-    lambda cycle, k: k == 1 + cycle % 4,  # 0 to 3 accepted
-]
-
-
-class RowScripted(Drafter):
-    """A real drafter forward whose logits (one-hot, through its head) propose each row's
-    true continuation, corrupted as the row's pattern says; the row is told by its context
-    cache (`watch`), the block's position by that cache's length, like a real drafter."""
-
-    def __init__(self, config, vocab: int):
-        super().__init__(config)
-        self.vocab, self.rows = vocab, {}
-
-    def watch(self, draft: list, truth: list[int], corrupt) -> None:
-        """Script the row whose context cache is `draft`."""
-        self.rows[id(draft[0])] = [truth, corrupt, 0]
-
-    def __call__(self, block_embeddings, cache):
-        self.row, self.position = self.rows[id(cache[0])], cache[0].offset
-        return super().__call__(block_embeddings, cache)
-
-    def head(self, h, target):
-        truth, corrupt, cycle = self.row
-        tokens = []
-        for k in range(1, h.shape[0] + 1):
-            true = truth[self.position + k] if self.position + k < len(truth) else 0
-            tokens.append((true + 1) % self.vocab if corrupt(cycle, k) else true)
-        self.row[2] += 1
-        return mx.where(mx.arange(self.vocab)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
-
-
-def scripted_drafter(model, vocab: int = VOCAB) -> RowScripted:
-    """A `RowScripted` drafter for `model`: the tiny one at the tiny vocabulary, else one
-    that fits the default target (random weights from seed 3 under the script)."""
-    mx.random.seed(3)
-    if vocab == VOCAB:
-        config = tiny_drafter_config(make_target(model).num_layers, BLOCK, mask_token_id=VOCAB - 1)
-    else:
-        config = smollm2_drafter_config(block_size=BLOCK)
-    drafter = RowScripted(config, vocab)
-    mx.eval(drafter.parameters())
-    return drafter
-
-
-def join_row(spec: BatchSpeculator, model, drafter, prompt: list[int], sampling: SamplingParams) -> tuple[int, list]:
-    """Prefill `prompt` but its last token (chunks of 4, into `drafter`'s context cache too)
-    and add it to `spec` with `sampling`: the row's uid and its context cache."""
-    cache, draft = make_prompt_cache(model), drafter.make_cache()
-    list(prefill(model, prompt[:-1], cache, chunk=4, draft=(drafter, draft)))
-    return spec.add(cache, prompt[-1], sampling, draft=draft), draft
 
 
 def run(model, drafter, samplings, solo, vocab: int = VOCAB, requests=REQUESTS) -> dict[int, list[int]]:

@@ -13,8 +13,7 @@ from dflash_mlx.batch_spec import BatchSpeculator
 from dflash_mlx.sampling import SamplingParams
 
 from references import target_alone
-from batch_rows import SAMPLED, row_prompt
-from test_batch_spec import BLOCK, PATTERNS, join_row, scripted_drafter
+from batch_rows import BLOCK, PATTERNS, SAMPLED, join_row, row_prompt, scripted_drafter
 from tiny_targets import tiny_target
 
 
