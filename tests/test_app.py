@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import re
 import threading
-import time
 
 import pytest
 from textual.content import Content
@@ -14,54 +11,13 @@ from textual.geometry import Region
 from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
 
-from fake_engine import FakeBackend, fake_engine_factory
+from chat_pilot import REPLY, answered, make_app, notes, run_async, say, until
+from fake_engine import FakeBackend
 
-from app.chat.app import ChatApp
 from app.chat.main import app_from_args
-from app.chat.widgets import DRAFT_STYLE, TARGET_STYLE, Note, Reply, StatsPanel, Summary, UserMessage
+from app.chat.widgets import DRAFT_STYLE, TARGET_STYLE, Reply, StatsPanel, Summary, UserMessage
 from app.chat.engine import Settings
 from dflash_mlx.options import DecodeOptions
-
-REPLY = "The answer| is **4**.| Two plus two| makes four."
-
-
-def run_async(test):
-    """Run an async test function on a fresh event loop (no pytest-asyncio needed)."""
-
-    @functools.wraps(test)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(test(*args, **kwargs))
-
-    return wrapper
-
-
-def make_app(backend: FakeBackend | None = None, **kwargs) -> ChatApp:
-    return ChatApp(engine_factory=fake_engine_factory(backend or FakeBackend([REPLY])), **kwargs)
-
-
-async def until(pilot, condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the app")
-        await pilot.pause(0.02)
-
-
-async def say(pilot, text: str) -> None:
-    pilot.app.query_one("#prompt").text = text
-    await pilot.press("enter")
-
-
-async def answered(pilot, text: str) -> None:
-    """Send a prompt and wait for its reply to finish."""
-    await until(pilot, lambda: pilot.app.state == "ready")
-    replies = len(pilot.app.messages)
-    await say(pilot, text)
-    await until(pilot, lambda: pilot.app.state == "ready" and len(pilot.app.messages) > replies)
-
-
-def notes(app, kind: str | None = None) -> list[str]:
-    return [str(n.content) for n in app.query(Note) if kind is None or n.has_class(kind)]
 
 
 def stats_text(app) -> str:

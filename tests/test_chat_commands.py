@@ -9,7 +9,7 @@ import pytest
 from textual import events
 
 from fake_engine import FakeBackend
-from test_app import REPLY, answered, make_app, notes, run_async, say, until
+from chat_pilot import REPLY, answered, make_app, notes, run_async, say, until
 
 from app.chat import commands
 from app.chat.engine import Settings
