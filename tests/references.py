@@ -1,6 +1,7 @@
 """The two runs that tests compare: mlx-lm's own greedy decoding (the reference every
 lossless test checks against) and ours: the first tokens of our `generate_step` with its
-stats, or every response of our `stream_generate`."""
+stats, or every response of our `stream_generate`. And mlx-lm's own sampling filters
+(`mlx_lm_logprobs`), which the sampling tests' exact distributions are computed with."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.sampling import SamplingParams
@@ -66,3 +68,12 @@ def ours(
     """Our `stream_generate` on `prompt` (`kw` go to it): its tokens and its responses."""
     responses = list(stream_generate(model, tokenizer, prompt, drafter, **kw))
     return [r.token for r in responses], responses
+
+
+def mlx_lm_logprobs(logprobs: mx.array, top_p: float, top_k: int) -> mx.array:
+    """mlx-lm's `make_sampler` chain: top-p, then top-k."""
+    if 0 < top_p < 1:
+        logprobs = apply_top_p(logprobs, top_p)
+    if top_k > 0:
+        logprobs = apply_top_k(logprobs, top_k)
+    return logprobs

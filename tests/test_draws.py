@@ -17,11 +17,11 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from dflash_mlx.sampling import SamplingParams, accept, filter_logprobs, log_softmax
 
 from chi_square import ALPHA, as_probs, assert_fits, chi2_sf, chi_square_gof
+from references import mlx_lm_logprobs
 
 
 def test_chi2_sf_known_values():
@@ -40,15 +40,6 @@ def test_chi2_sf_known_values():
 # ---------------------------------------------------------------------------
 # Filters agree with mlx-lm
 # ---------------------------------------------------------------------------
-
-
-def mlx_lm_logprobs(logprobs: mx.array, top_p: float, top_k: int) -> mx.array:
-    """mlx-lm's `make_sampler` chain: top-p, then top-k."""
-    if 0 < top_p < 1:
-        logprobs = apply_top_p(logprobs, top_p)
-    if top_k > 0:
-        logprobs = apply_top_k(logprobs, top_k)
-    return logprobs
 
 
 @pytest.mark.parametrize(

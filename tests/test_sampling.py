@@ -37,7 +37,7 @@ from dflash_mlx.sampling import SamplingParams, accept, log_softmax
 from dflash_mlx.targets import make_target
 
 from chi_square import ALPHA, MIN_EXPECTED, as_probs, assert_fits, chi_square_gof
-from test_draws import mlx_lm_logprobs
+from references import mlx_lm_logprobs
 
 
 # ---------------------------------------------------------------------------
