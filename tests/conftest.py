@@ -1,6 +1,6 @@
-"""Shared test fixtures (the default model, and a separate copy of it for z-lab's loop; the
-server's worker and a live server over it), the test drafter for the default target, the
-shipped held-out prompts, and the `slow` marker.
+"""Shared test fixtures (the default model; the sampling tests' prompt on it, prefilled; a
+separate copy of it for z-lab's loop; the server's worker and a live server over it), the
+test drafter for the default target, the shipped held-out prompts, and the `slow` marker.
 
 `dflash_mlx` is imported before anything pulls in `mlx`, so OpenBLAS is preloaded.
 Test modules import the helpers here as ``from conftest import ...`` (tests/ is on the path).
@@ -113,6 +113,22 @@ def default_model(default_model_dir: Path):
     import mlx_lm
 
     return mlx_lm.load(str(default_model_dir))
+
+
+@pytest.fixture(scope="module")
+def sampling_setup(default_model):
+    """The sampling tests' prompt on the default target, prefilled: (model, tokenizer, prompt
+    ids, the target's cache after the prompt, the logits of the first token)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = default_model
+    messages = [{"role": "user", "content": "Write a short poem about a dragon."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    cache = make_prompt_cache(model)
+    first_logits = model(mx.array(prompt)[None], cache)[0, -1]
+    mx.eval(first_logits)
+    return model, tokenizer, prompt, cache, first_logits
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm import stream_generate as plain_stream_generate
-from test_sampling import (
-    ORACLE_SAMPLES,
-    OracleDrafter,
-    PlainDistribution,
-    _sample_pairs,
-    _wrap_rest,
-    sampling_setup,  # noqa: F401  (a fixture)
-)
+from two_token_sampling import ORACLE_SAMPLES, OracleDrafter, PlainDistribution, _sample_pairs, _wrap_rest
 
 from dflash_mlx import load_draft, stream_generate
 from dflash_mlx.draft_vocab import DRAFT_VOCAB_FILE, build_draft_vocab, check_draft_vocab, save_draft_vocab
@@ -132,7 +125,7 @@ def test_eval_reports_the_share_of_target_tokens_in_the_subset(default_model, re
     )
 
 
-def test_sampling_is_exact_with_a_subset(sampling_setup):  # noqa: F811
+def test_sampling_is_exact_with_a_subset(sampling_setup):
     """The oracle drafter (q = the target's own distribution, sharpened) restricted to the
     even token ids: q is the softmax over the subset, and (t1, t2) still follow plain
     sampling exactly."""
