@@ -1,6 +1,7 @@
 """Shared test fixtures (the default model; the sampling tests' prompt on it, prefilled; a
-separate copy of it for z-lab's loop; the server's worker and a live server over it), the
-test drafter for the default target, the shipped held-out prompts, and the `slow` marker.
+separate copy of it for z-lab's loop; the server's worker, a live server over it and an
+in-process client of it), the test drafter for the default target, the shipped held-out
+prompts, and the `slow` marker.
 
 `dflash_mlx` is imported before anything pulls in `mlx`, so OpenBLAS is preloaded.
 Test modules import the helpers here as ``from conftest import ...`` (tests/ is on the path).
@@ -188,3 +189,14 @@ def live(worker):
     server.should_exit = True
     thread.join(15)
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def client(worker):
+    """An in-process client of the server over `worker` (Starlette's TestClient)."""
+    from starlette.testclient import TestClient
+
+    from app.server.routes import create_app
+
+    with TestClient(create_app(worker)) as c:
+        yield c

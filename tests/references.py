@@ -1,6 +1,7 @@
 """The two runs that tests compare: mlx-lm's own greedy decoding (the reference every
 lossless test checks against) and ours: the first tokens of our `generate_step` with its
-stats, or every response of our `stream_generate`. And mlx-lm's own sampling filters
+stats, or every response of our `stream_generate`; mlx-lm's greedy text through its
+`stream_generate` (`mlx_lm_greedy`). And mlx-lm's own sampling filters
 (`mlx_lm_logprobs`), which the sampling tests' exact distributions are computed with."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Optional, Sequence
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
@@ -77,3 +79,11 @@ def mlx_lm_logprobs(logprobs: mx.array, top_p: float, top_k: int) -> mx.array:
     if top_k > 0:
         logprobs = apply_top_k(logprobs, top_k)
     return logprobs
+
+
+def mlx_lm_greedy(default_model, prompt: list[int], max_tokens: int) -> tuple[str, int]:
+    """mlx-lm's own greedy answer to `prompt` through `mlx_lm.stream_generate` on
+    `default_model` (model, tokenizer): its text and how many tokens."""
+    model, tokenizer = default_model
+    out = list(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens))
+    return "".join(r.text for r in out), len(out)

@@ -14,7 +14,8 @@ from dflash_mlx.cache import MARKS, PromptCache
 from dflash_mlx.cycles import PREFILL_STEP
 from dflash_mlx.targets import make_target
 from references import dflash_tokens
-from test_server import CHAT, client, mlx_lm_greedy  # noqa: F401  (client: a fixture)
+from references import mlx_lm_greedy
+from server_helpers import CHAT
 from tiny_drafters import DECODE, N, prompt_of, random_drafter
 from tiny_targets import tiny_target
 

@@ -10,73 +10,18 @@ sampled request must be reproducible. Tests that decode are marked `slow`.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import httpx
-import mlx_lm
 import pytest
 
-from app.server.worker import Worker
-from app.server.routes import create_app
+from references import mlx_lm_greedy
+from server_helpers import CHAT, PROMPTS, sse, user, wait_idle
 
 slow = pytest.mark.slow
-CHAT = "/v1/chat/completions"
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "List three prime numbers greater than 10.",
-    "Give me a short tip for learning the guitar.",
-    "What is 17 times 23?",
-    "Name two planets.",
-    "Translate 'good morning' into Spanish.",
-    "Explain photosynthesis in one sentence.",
-]
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
-
-# --------------------------------------------------------------------------- fixtures
-# `worker` and `live` (a real uvicorn server) are in conftest.py.
-
-
-@pytest.fixture(scope="module")
-def client(worker):
-    from starlette.testclient import TestClient
-
-    with TestClient(create_app(worker)) as c:
-        yield c
-
-
-def wait_idle(worker: Worker, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while worker.running is not None or worker.waiting:
-        assert time.monotonic() < deadline, "the worker stayed busy"
-        time.sleep(0.02)
-
-
-def sse(lines) -> tuple[list[dict], bool]:
-    """The JSON events of a server-sent-event stream, and whether it ended with [DONE]."""
-    events, done = [], False
-    for line in lines:
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            assert not done, "data after [DONE]"
-            if data == "[DONE]":
-                done = True
-            else:
-                events.append(json.loads(data))
-    return events, done
-
-
-def mlx_lm_greedy(default_model, prompt: list[int], max_tokens: int) -> tuple[str, int]:
-    model, tokenizer = default_model
-    out = list(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens))
-    return "".join(r.text for r in out), len(out)
+# `worker`, `live` (a real uvicorn server) and `client` (an in-process one) are in conftest.py.
 
 
 # --------------------------------------------------------------------------- the real model

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import httpx
 import pytest
-from test_server import PROMPTS, user, wait_idle
+from server_helpers import PROMPTS, user, wait_idle
 from test_server_many import metric
 
 openai = pytest.importorskip("openai")

@@ -13,7 +13,7 @@ import re
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import httpx
 import pytest
-from test_server import CHAT, PROMPTS, sse, user, wait_idle
+from server_helpers import CHAT, PROMPTS, sse, user, wait_idle
 
 from app.server.openai_api import parse_request
 from app.server.worker import Done, Job

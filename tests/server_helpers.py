@@ -1,0 +1,48 @@
+"""Talking to `dflash serve` in tests: the chat route, prompts, a user turn, waiting for
+the worker to go idle, and reading what comes back (a stream's server-sent events)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from app.server.worker import Worker
+
+CHAT = "/v1/chat/completions"
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers greater than 10.",
+    "Give me a short tip for learning the guitar.",
+    "What is 17 times 23?",
+    "Name two planets.",
+    "Translate 'good morning' into Spanish.",
+    "Explain photosynthesis in one sentence.",
+]
+
+
+def user(text: str) -> list[dict]:
+    """The messages of one user turn `text`."""
+    return [{"role": "user", "content": text}]
+
+
+def wait_idle(worker: Worker, timeout: float = 60) -> None:
+    """Wait until `worker` runs and queues nothing (an AssertionError after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while worker.running is not None or worker.waiting:
+        assert time.monotonic() < deadline, "the worker stayed busy"
+        time.sleep(0.02)
+
+
+def sse(lines) -> tuple[list[dict], bool]:
+    """The JSON events of a server-sent-event stream, and whether it ended with [DONE]."""
+    events, done = [], False
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            assert not done, "data after [DONE]"
+            if data == "[DONE]":
+                done = True
+            else:
+                events.append(json.loads(data))
+    return events, done
