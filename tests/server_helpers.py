@@ -1,9 +1,11 @@
 """Talking to `dflash serve` in tests: the chat route, prompts, a user turn, waiting for
-the worker to go idle, and reading what comes back (a stream's server-sent events)."""
+the worker to go idle, and reading what comes back (a stream's server-sent events, a
+/metrics sample)."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from app.server.worker import Worker
@@ -46,3 +48,8 @@ def sse(lines) -> tuple[list[dict], bool]:
             else:
                 events.append(json.loads(data))
     return events, done
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of a metric's samples in a /metrics page."""
+    return sum(float(v) for v in re.findall(rf"^dflash_{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))

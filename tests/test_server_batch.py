@@ -22,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import httpx
 import pytest
-from server_helpers import PROMPTS, user, wait_idle
-from test_server_many import metric
+from server_helpers import PROMPTS, metric, user, wait_idle
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow

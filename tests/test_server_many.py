@@ -8,12 +8,11 @@ server on loopback over the default model and drafter (`live`, `worker` in conft
 from __future__ import annotations
 
 import asyncio
-import re
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import httpx
 import pytest
-from server_helpers import CHAT, PROMPTS, sse, user, wait_idle
+from server_helpers import CHAT, PROMPTS, metric, sse, user, wait_idle
 
 from app.server.openai_api import parse_request
 from app.server.worker import Done, Job
@@ -46,11 +45,6 @@ async def stream_all(live: str, requests: list[dict]) -> list[str]:
             return "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
 
         return await asyncio.wait_for(asyncio.gather(*(one(b) for b in requests)), 600)
-
-
-def metric(text: str, name: str) -> float:
-    """The sum of a metric's samples in a /metrics page."""
-    return sum(float(v) for v in re.findall(rf"^dflash_{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 def test_32_streams_each_equal_their_solo_answer(live, worker):
