@@ -1,14 +1,16 @@
 """Talking to `dflash serve` in tests: the chat route, prompts, a user turn, waiting for
 the worker to go idle, and reading what comes back (a stream's server-sent events, a
-/metrics sample)."""
+/metrics sample); and a job whose events are scripted (`scripted`), for the stream
+functions and body builders without a model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 
-from app.server.worker import Worker
+from app.server.worker import Delta, Done, Job, Worker
 
 CHAT = "/v1/chat/completions"
 PROMPTS = [
@@ -53,3 +55,23 @@ def sse(lines) -> tuple[list[dict], bool]:
 def metric(text: str, name: str) -> float:
     """The sum of a metric's samples in a /metrics page."""
     return sum(float(v) for v in re.findall(rf"^dflash_{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def scripted(req, texts: list[str], reason: str = "stop") -> Job:
+    """A job whose events are `texts` as the worker would send them, then its `Done`."""
+    job = Job(req, asyncio.get_running_loop())
+    for text in texts:
+        job.events.put_nowait(Delta(text))
+    job.events.put_nowait(Done(reason, completion_tokens=len(texts), prompt_tokens=len(req.prompt)))
+    return job
+
+
+async def events(stream) -> list[tuple]:
+    """The (event name or None, JSON data or "[DONE]") of each chunk of a server-sent stream."""
+    out = []
+    async for raw in stream:
+        lines = raw.decode().strip().split("\n")
+        name = lines[0][len("event: ") :] if lines[0].startswith("event: ") else None
+        data = lines[-1][len("data: ") :]
+        out.append((name, data if data == "[DONE]" else json.loads(data)))
+    return out

@@ -15,7 +15,7 @@ import asyncio
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper, load as load_tokenizer
-from test_server_tools import events, scripted
+from server_helpers import events, scripted
 
 from app.server import anthropic_api
 from app.server.openai_api import completion_body, parse_request

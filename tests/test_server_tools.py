@@ -24,8 +24,9 @@ from app.server.openai_api import completion_body, parse_request
 from app.server.prompts import chat_prompt
 from app.server.request import APIError, ModelInfo
 from app.server.output import OutputSplitter, tool_format, tool_prompt
-from app.server.worker import Delta, Done, Job
+from app.server.worker import Done
 from app.server.routes import _anthropic_stream, _stream
+from server_helpers import events, scripted
 
 WEATHER = {
     "type": "function",
@@ -157,25 +158,6 @@ def test_tool_fields_are_checked(tokenizer):
         with pytest.raises(APIError, match=re.escape(field)):
             parse_request(body, info(tokenizer), chat=is_chat)
     assert parse_request({**chat, "tool_choice": "none"}, info(tokenizer), chat=True).splitter() is None
-
-
-def scripted(req, texts: list[str], reason: str = "stop") -> Job:
-    """A job whose events are `texts` as the worker would send them, then its `Done`."""
-    job = Job(req, asyncio.get_running_loop())
-    for text in texts:
-        job.events.put_nowait(Delta(text))
-    job.events.put_nowait(Done(reason, completion_tokens=len(texts), prompt_tokens=len(req.prompt)))
-    return job
-
-
-async def events(stream) -> list[tuple]:
-    out = []
-    async for raw in stream:
-        lines = raw.decode().strip().split("\n")
-        name = lines[0][len("event: ") :] if lines[0].startswith("event: ") else None
-        data = lines[-1][len("data: ") :]
-        out.append((name, data if data == "[DONE]" else json.loads(data)))
-    return out
 
 
 def test_openai_stream_and_body_of_a_call(tokenizer):
