@@ -23,7 +23,7 @@ from dflash_mlx.kernels.replay import (
     gated_delta_replay_reference,
 )
 from metal_emu import EMULATOR, MetalKernel
-from test_kernels import BARRIER, NOT_ON_METAL, RUNNERS, broken
+from kernel_checks import BARRIER, NOT_ON_METAL, RUNNERS, broken
 
 # (batch, tokens, key heads, value heads, Dk, Dv, input dtype)
 TOKEN_SWEEP = [(1, t, 2, 4, 48, 7, mx.float32) for t in range(1, MAX_TOKENS + 1)]  # Dk, Dv: partial tiles

@@ -19,10 +19,9 @@ import pytest
 from dflash_mlx.kernels import VERIFY_QMM, KernelSource, metal_ready, verify_qmm, verify_qmm_launch
 from dflash_mlx.kernels.launch import run_metal
 from dflash_mlx.kernels.qmm import verify_qmm_reference
+from kernel_checks import BARRIER, RUNNERS, broken
 from metal_emu import EMULATOR, KernelError, MetalKernel
 
-NOT_ON_METAL = "no Metal GPU here (Apple silicon with the GPU as default device): the real kernels run only on a Mac"
-RUNNERS = ["emulator", pytest.param("metal", marks=pytest.mark.skipif(not metal_ready(), reason=NOT_ON_METAL))]
 #: Error allowed relative to sum_k |x| |w|: the rounding of one output in the dtype, and then some.
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
 
@@ -76,21 +75,6 @@ def run(runner: str, args, kernel: KernelSource = VERIFY_QMM, seed=0):
     return emulated(kernel, args, seed)
 
 
-def broken(old: str, new: str, count: int = 1, kernel: KernelSource = VERIFY_QMM) -> KernelSource:
-    """The shipped `kernel` with `old` replaced (its `count`-th occurrence only, 0: all)."""
-    src = kernel.source
-    assert old in src, f"the mutation's target {old!r} is not in the shipped source"
-    if count == 0:
-        mutated = src.replace(old, new)
-    else:
-        at = -1
-        for _ in range(count):
-            at = src.index(old, at + 1)
-        mutated = src[:at] + new + src[at + len(old) :]
-    return KernelSource(kernel.name + "_broken", kernel.input_names, kernel.output_names, mutated)
-
-
-BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
 MUTANTS = {
     "no barrier after staging": broken(BARRIER, "", 1),
     "no barrier before restaging": broken(BARRIER, "", 2),
