@@ -19,6 +19,7 @@ from dflash_mlx.drafter import Drafter
 from dflash_mlx.pair import Pair
 from dflash_mlx.sampling import SamplingParams
 from dflash_mlx.targets import make_target
+from scripted_drafts import scripted_logits
 from tiny_targets import VOCAB, tiny_drafter_config
 
 #: Seeded sampled settings (temperature, top-p, top-k, seed) that batch rows decode with.
@@ -82,12 +83,9 @@ class RowScripted(Drafter):
 
     def head(self, h, target):
         truth, corrupt, cycle = self.row
-        tokens = []
-        for k in range(1, h.shape[0] + 1):
-            true = truth[self.position + k] if self.position + k < len(truth) else 0
-            tokens.append((true + 1) % self.vocab if corrupt(cycle, k) else true)
+        logits = scripted_logits(truth, corrupt, cycle, self.position, h.shape[0], self.vocab)
         self.row[2] += 1
-        return mx.where(mx.arange(self.vocab)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
+        return logits
 
 
 def scripted_drafter(model, vocab: int = VOCAB) -> RowScripted:

@@ -6,11 +6,11 @@ true continuation corrupted where told, the prompts, and a user message chat-tem
 from __future__ import annotations
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
-import mlx.core as mx
 
 from conftest import smollm2_drafter_config
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2
+from scripted_drafts import scripted_logits
 
 PROMPTS = [
     "What is the capital of France?",
@@ -46,13 +46,9 @@ class Scripted:
         return super().__call__(block_embeddings, cache)
 
     def head(self, h, target):
-        start, size = self.position, h.shape[0] + 1
-        tokens = []
-        for k in range(1, size):
-            true = self.truth[start + k] if start + k < len(self.truth) else 0
-            tokens.append((true + 1) % 49152 if self.corrupt(self.cycle, k) else true)
+        logits = scripted_logits(self.truth, self.corrupt, self.cycle, self.position, h.shape[0], 49152)
         self.cycle += 1
-        return mx.where(mx.arange(49152)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
+        return logits
 
 
 class ScriptedDrafter(Scripted, Drafter):

@@ -14,6 +14,7 @@ import numpy as np
 
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.target import Target
+from scripted_drafts import scripted_logits
 from tiny_targets import VOCAB, tiny_drafter_config
 
 BLOCK = 6
@@ -45,13 +46,9 @@ class ScriptedDrafter(Drafter):
         self.truth, self.corrupt, self.cycle = truth, corrupt, 0
 
     def propose(self, block, cache, target):
-        start = cache[0].offset
-        tokens = []
-        for k in range(1, block.shape[1]):
-            true = self.truth[start + k] if start + k < len(self.truth) else 0
-            tokens.append((true + 1) % VOCAB if self.corrupt(self.cycle, k) else true)
+        logits = scripted_logits(self.truth, self.corrupt, self.cycle, cache[0].offset, block.shape[1] - 1, VOCAB)
         self.cycle += 1
-        return mx.where(mx.arange(VOCAB)[None] == mx.array(tokens)[:, None], 10.0, -10.0)
+        return logits
 
 
 # all wrong, first wrong, last wrong, middle wrong, all right
