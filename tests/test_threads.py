@@ -72,7 +72,7 @@ def test_core_hours_survive_resume(tmp_path, monkeypatch, restore_threads):
     """The CPU time of the training steps, summed in the checkpointed state: a resumed run
     starts from exactly the saved value and adds its own steps' (at most threads x seconds);
     a --core-hours budget stops the run once it is spent."""
-    from test_train import random_training_data, tiny_target
+    from tiny_training import random_training_data, tiny_target
 
     from dflash_mlx.train.loop import TrainArgs, Trainer, train
 
@@ -115,7 +115,7 @@ def test_core_hours_survive_resume(tmp_path, monkeypatch, restore_threads):
 def test_new_datas_features_are_not_charged_as_training(tmp_path, monkeypatch, restore_threads):
     """Data that grows during a run gets its features at the next epoch; that pass is data
     work, not training: it stays out of the core-hours (here it burns a known CPU second)."""
-    from test_train import random_training_data, tiny_target
+    from tiny_training import random_training_data, tiny_target
 
     import dflash_mlx.train.loop as loop
 

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten
-from test_train import random_training_data, tiny_target
+from tiny_training import TINY2, random_training_data, tiny_target
 
 from dflash_mlx import stream_generate
 from dflash_mlx.drafter2 import CandidateSelector, Drafter2, Drafter2Config
@@ -25,8 +25,6 @@ from dflash_mlx.train.objective import block_forward, loss_fn, selector_loss
 
 GREEDY = SamplingParams().draws(0)  # greedy choices: positions do not matter
 
-#: DFlash2 training fields for the tiny target (hidden 32: four groups of 8 channels).
-TINY2 = dict(arch="dflash2", conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=4)
 #: and for the default target (hidden 576).
 SMOL2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=32, selector_top_k=8)
 

@@ -9,8 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from test_train import random_training_data, tiny_drafter, tiny_target
-from test_train_dflash2 import TINY2
+from tiny_training import TINY2, random_training_data, tiny_drafter, tiny_target
 
 from dflash_mlx.targets import make_target
 from dflash_mlx.train.features import FeatureStore, fill_store, target_pass

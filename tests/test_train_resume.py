@@ -13,7 +13,7 @@ from dflash_mlx.drafters import load_drafter_dir
 from dflash_mlx.train.checkpoint import restore_resume_point
 from dflash_mlx.train.features import FeatureStore
 from dflash_mlx.train.loop import TrainArgs, train
-from test_train import random_training_data, tiny_target
+from tiny_training import random_training_data, tiny_target
 
 
 def _args(data, out, **kw) -> TrainArgs:

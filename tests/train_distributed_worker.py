@@ -27,7 +27,7 @@ from mlx_lm.generate import generate_step
 import dflash_mlx.drafters as drafters
 import dflash_mlx.loading as loading
 from dflash_mlx.train.loop import TrainArgs, train
-from test_train import TinyTok, tiny_target  # this script's folder, tests/, is on sys.path
+from tiny_training import TinyTok, tiny_target  # this script's folder, tests/, is on sys.path
 
 
 def main(out_dir: str, time_limit: Optional[float] = None) -> None:

@@ -1,0 +1,92 @@
+"""The tiny world the training tests train in: a frozen tiny llama target (`tiny_target`),
+a drafter for it (`tiny_drafter`), the tokenizer training asks for (`TinyTok`), eight random
+sequences on disk with `load()` returning the tiny target (`random_training_data`), and the
+DFlash2 training fields that fit it (`TINY2`)."""
+
+from __future__ import annotations
+
+import json
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import numpy as np
+
+from dflash_mlx.drafter import Drafter
+from dflash_mlx.targets import make_target
+from dflash_mlx.train.initialize import make_config
+import tiny_targets
+
+#: DFlash2 training fields for the tiny target (hidden 32: four groups of 8 channels).
+TINY2 = dict(arch="dflash2", conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=4)
+
+
+def tiny_target(vocab=64, layers=4, hidden=32, seed=0):
+    """A frozen tiny llama (`tiny_targets.tiny_target`) of `hidden` wide (heads of
+    hidden / 4), tied embeddings, a vocabulary of `vocab`: the target the drafters train on."""
+    model = tiny_targets.tiny_target(
+        "llama",
+        seed,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=64,
+        head_dim=hidden // 4,
+        rms_norm_eps=1e-5,
+        attention_bias=False,
+        tie_word_embeddings=True,
+        max_position_embeddings=None,  # as a config without one: the drafter's default context
+    )
+    model.freeze()
+    return model
+
+
+def tiny_drafter(model, layers=2, block_size=8, ids=(0, 2), seed=1):
+    cfg = make_config(
+        make_target(model),
+        num_layers=layers,
+        target_layer_ids=list(ids),
+        block_size=block_size,
+        mask_token_id=model.args.vocab_size - 1,
+    )
+    mx.random.seed(seed)
+    d = Drafter(cfg)
+    mx.eval(d.parameters())
+    return d
+
+
+class TinyTok:
+    """What training asks of a tokenizer, for the tiny target's 48-token vocabulary."""
+
+    eos_token_id = 47
+    eos_token_ids = {47}
+    all_special_ids = [46, 47]
+    chat_template = None
+
+    def convert_ids_to_tokens(self, i):
+        return f"<{i}>"
+
+    def encode(self, text):  # held-out prompts (no chat template): characters as ids below the EOS
+        return [ord(c) % 40 for c in text]
+
+
+def random_training_data(tmp_path, monkeypatch, model, max_token: int):
+    """Eight random prompt/answer sequences on disk, and `load()` returning the tiny target."""
+    import dflash_mlx.loading as loading
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as fh:
+        for i in range(8):
+            fh.write(
+                json.dumps(
+                    {
+                        "id": str(i),
+                        "source": "t",
+                        "prompt_ids": rng.integers(0, max_token, 5).tolist(),
+                        "completion_ids": rng.integers(0, max_token, 20).tolist(),
+                    }
+                )
+                + "\n"
+            )
+    monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, TinyTok()))
+    return data
