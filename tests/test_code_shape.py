@@ -2,7 +2,8 @@
 every function at most 80 (its signature included), dependencies that point one way
 (`dflash_mlx` <- `converters` <- `app`, then `benchmarks`), and no import cycle among the
 project's modules, imports inside functions included (a cycle hidden behind a
-function-level import is still a cycle a reader has to untangle)."""
+function-level import is still a cycle a reader has to untangle); and no test module
+importing another (what tests share lives in helper modules and conftest.py)."""
 
 from __future__ import annotations
 
@@ -175,3 +176,13 @@ def test_dependencies_point_one_way():
 def test_the_layer_check_sees_an_upward_import():
     graph = {"dflash_mlx.a": {"converters.b"}, "converters.b": {"dflash_mlx.a"}, "app.c": {"converters.b"}}
     assert upward_imports(graph) == ["dflash_mlx.a -> converters.b"]
+
+
+def test_no_test_module_imports_another():
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert not found, "; ".join(found)
