@@ -125,6 +125,8 @@ class Trainer:
                     stored, st = len(seqs) - len(missing), self.state
                     wanted = st.featured + (a.feature_chunk if st.epoch_size == 0 and st.first == 0 else 0)
                     missing = missing[: min(a.feature_chunk, max(0, wanted - stored))]
+                    if stored < min(st.featured, len(seqs)):
+                        self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
                 if missing and save_first:
                     save_checkpoint(self.out, self.drafter, self.optimizer, self.state, a)
                 if missing:
@@ -141,8 +143,6 @@ class Trainer:
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
         self.data_size = len(seqs)
         self.seqs = [s for s in seqs if s[0] in self.store]  # all of them unless --feature-chunk
-        if self.catching_up() and self.rank == 0:
-            self.log(f"catching up: features here for {len(self.seqs)} of the run's {self.state.featured} sequences")
         self.state.featured = max(self.state.featured, len(self.seqs))
         self.data_seconds += time.process_time() - cpu
 
