@@ -245,3 +245,27 @@ def test_a_restored_run_takes_the_resume_points_log(tmp_path, monkeypatch):
     (again / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0}) + "\n")
     restore_resume_point(point, again)
     assert (again / "train_log.jsonl").read_text() == (point / "train_log.jsonl").read_text()
+
+
+def test_a_rank_that_loses_the_race_to_restore_trains_from_the_winners_checkpoint(tmp_path, monkeypatch):
+    """Under mlx.launch with one filesystem every rank runs `--resume-from`: the one whose
+    restore finds the checkpoint already made (FileExistsError) goes on from it, instead of
+    failing while the others wait for it in their first all_sum."""
+    import dflash_mlx.train.checkpoint as checkpoint
+    from convert_helpers import cli
+
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    train(_args(data, tmp_path / "first", max_steps=2, resume_point=str(point)), log=lambda s: None)
+    restore = checkpoint.restore_resume_point
+
+    def restored_by_another_rank_meanwhile(src, out):
+        restore(src, out)  # the other rank, between this one's check and its restore
+        restore(src, out)  # this one: FileExistsError
+
+    monkeypatch.setattr(checkpoint, "restore_resume_point", restored_by_another_rank_meanwhile)
+    out = tmp_path / "again"
+    flags = ["--block-size", "4", "--batch-size", "2", "--num-anchors", "4", "--target-layer-ids", "1,3"]
+    result = cli("train", "-d", data, "-o", out, "--resume-from", point, "--max-steps", "3", "--no-progress", *flags)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3

@@ -268,7 +268,11 @@ def train_command(**values) -> None:
     if not data_file.is_file():
         raise FileNotFoundError(f"no training data at {data_file}")
     if resume_from and not (out / "checkpoint" / "state.json").is_file():
-        restore_resume_point(resume_from, out)
+        try:
+            restore_resume_point(resume_from, out)
+        except FileExistsError:  # under mlx.launch on one filesystem, another rank restored it first
+            if not (out / "checkpoint" / "state.json").is_file():
+                raise
     result = train(args, log=lambda s: typer.echo(s))
     typer.echo(
         f"trained {result['step']} steps in {result['elapsed']:.0f}s "
