@@ -192,7 +192,14 @@ TRAIN_OPTIONS = [
     ("batch_size", int, 4, ["--batch-size"], "Sequences per step (over all ranks)."),
     ("num_anchors", int, 32, ["--num-anchors"], "Blocks sampled per sequence."),
     ("max_len", int, 1024, ["--max-len"], "Truncate sequences to this many tokens."),
-    ("epochs", float, 1.0, ["--epochs"], None),
+    (
+        "epochs",
+        float,
+        1.0,
+        ["--epochs"],
+        "Passes over the data, the step budget without --max-steps: counted from the data's size at each "
+        "start, so data added before a --resume lengthens the schedule.",
+    ),
     ("max_steps", Optional[int], None, ["--max-steps"], None),
     ("time_limit", Optional[float], None, ["--time-limit"], "Wall seconds to train for; the schedule follows them."),
     (
