@@ -87,6 +87,11 @@ def test_malformed_requests_and_routes_then_still_serving(client):
 def test_models_and_health(client):
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    # the openai client's `models.retrieve(id)`: the model by its name or an alias, else a 404 naming it
+    assert client.get("/v1/models/SmolLM2-135M-Instruct").json() == models["data"][0]
+    assert client.get("/v1/models/default").json()["id"] == "SmolLM2-135M-Instruct"
+    missing = client.get("/v1/models/gpt-4")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["draft"] is True
     assert "continuous batching" in health["queue"]["policy"] and health["queue"]["waiting"] == 0

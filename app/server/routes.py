@@ -45,7 +45,7 @@ from app.server.openai_api import (
     piece_chunks,
     usage,
 )
-from app.server.request import APIError, CompletionRequest, ModelInfo
+from app.server.request import APIError, CompletionRequest, ModelInfo, check_body
 from app.server.output import Piece
 from app.server.worker import Delta, Done, Failed, Job, QueueFull, Worker
 
@@ -250,10 +250,18 @@ def create_app(worker: Worker) -> Starlette:
         info, body = model_info(), await _json_body(request)
         return JSONResponse(await anyio.to_thread.run_sync(lambda: anthropic_api.count_tokens(body, info)))
 
+    def model_card(info: ModelInfo) -> dict:
+        return {"id": info.id, "object": "model", "created": 0, "owned_by": "mlx-dflash"}
+
     async def models(request: Request) -> Response:
         info = worker.info
-        data = [{"id": info.id, "object": "model", "created": 0, "owned_by": "mlx-dflash"}] if info else []
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [model_card(info)] if info else []})
+
+    async def model(request: Request) -> Response:
+        """One model (the openai client's `models.retrieve`): this server's, by its name or an alias."""
+        info = model_info()
+        check_body({"model": request.path_params["name"]}, info)  # a 404 naming any other
+        return JSONResponse(model_card(info))
 
     async def health(request: Request) -> Response:
         status = "ok" if worker.info else "error" if worker.load_error else "loading"
@@ -271,6 +279,7 @@ def create_app(worker: Worker) -> Starlette:
         Route(MESSAGES, messages, methods=["POST"]),
         Route(f"{MESSAGES}/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
