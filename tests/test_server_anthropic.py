@@ -20,6 +20,9 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 MODEL = "claude-any"  # clients send their own model names; the server answers with its own
 #: Greedy decoding. The SDK (2.x) no longer types `temperature`, so it goes as an extra field.
 GREEDY = {"extra_body": {"temperature": 0}}
+#: tool_use blocks that are not: an `input` that is no object, a call with no `name`.
+CALL = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": "x"}
+NAMELESS = {"type": "tool_use", "id": "toolu_1", "input": {}}
 
 
 def user(text: str) -> list[dict]:
@@ -107,6 +110,8 @@ def test_bad_requests_get_anthropic_errors(client, live):
         ({"messages": user("hi"), "max_tokens": 8, "tools": [{"name": "f"}]}, "tools"),
         ({"messages": [{"role": "system", "content": "hi"}], "max_tokens": 8}, "role"),
         ({"messages": user("hi"), "max_tokens": 8, "stop_sequences": [3]}, "stop_sequences"),
+        ({"messages": [*user("hi"), {"role": "assistant", "content": [CALL]}], "max_tokens": 8}, "content[0].input"),
+        ({"messages": [*user("hi"), {"role": "assistant", "content": [NAMELESS]}], "max_tokens": 8}, "content[0].name"),
     ]
     for body, field in bad:
         r = httpx.post(f"{live}/v1/messages", json={"model": MODEL, **body}, timeout=60)

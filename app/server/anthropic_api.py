@@ -89,6 +89,17 @@ def _blocks(content: Any, where: str) -> list:
     return content
 
 
+def _tool_call(block: dict, where: str) -> dict:
+    """A `tool_use` block (at `where`) as an OpenAI tool call, checked here so that an
+    error names the block's own fields."""
+    if not isinstance(block.get("name"), str):
+        raise APIError(f"'{where}.name' must be a string", param=f"{where}.name", code="invalid_type")
+    if not isinstance(block.get("input", {}), dict):
+        raise APIError(f"'{where}.input' must be an object", param=f"{where}.input", code="invalid_type")
+    function = {"name": block["name"], "arguments": block.get("input", {})}
+    return {"id": block.get("id"), "type": "function", "function": function}
+
+
 def _openai_turns(message: Any, i: int) -> list[dict]:
     """One Messages turn as OpenAI-shaped chat messages: a user's `tool_result` blocks
     become tool messages, an assistant's `tool_use` blocks its `tool_calls`; earlier
@@ -97,17 +108,14 @@ def _openai_turns(message: Any, i: int) -> list[dict]:
     role = message.get("role") if isinstance(message, dict) else None
     if role not in ROLES:
         raise APIError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{where}.role")
-    blocks = [b for b in _blocks(message.get("content"), f"{where}.content") if b.get("type") != "thinking"]
+    content = _blocks(message.get("content"), f"{where}.content")
+    blocks = [b for b in content if b.get("type") != "thinking"]
     turns = [
         {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text_content(b.get("content", ""), where)}
         for b in blocks
         if b.get("type") == "tool_result"
     ]
-    calls = [
-        {"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": b.get("input", {})}}
-        for b in blocks
-        if b.get("type") == "tool_use"
-    ]
+    calls = [_tool_call(b, f"{where}.content[{j}]") for j, b in enumerate(content) if b.get("type") == "tool_use"]
     text = [b for b in blocks if b.get("type") not in ("tool_result", "tool_use")]
     if text or calls or not turns:
         turns.append(
