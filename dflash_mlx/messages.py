@@ -35,16 +35,21 @@ def user_messages(prompt: str, system: Optional[str] = None) -> list[dict]:
 
 
 def apply_chat_template(
-    tokenizer: Any, messages: Sequence[dict], *, tokenize: bool = True, **template_kwargs: Any
+    tokenizer: Any,
+    messages: Sequence[dict],
+    *,
+    tokenize: bool = True,
+    continue_final: bool = False,
+    **template_kwargs: Any,
 ) -> list[int] | str:
     """The generation prompt for `messages`: the tokenizer's chat template with the
-    assistant's turn opened, as token ids (or text with ``tokenize=False``);
+    assistant's turn opened (``continue_final``: the last message, an assistant's, left
+    open to go on from), as token ids (or text with ``tokenize=False``);
     `template_kwargs` (``tools``, ``enable_thinking``, ...) go to the template. A tokenizer
     without a template gets the messages' contents joined by newlines."""
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=tokenize, **template_kwargs
-        )
+        turn = {"continue_final_message": True} if continue_final else {"add_generation_prompt": True}
+        out = tokenizer.apply_chat_template(list(messages), tokenize=tokenize, **turn, **template_kwargs)
         if isinstance(out, dict):  # some tokenizers return a BatchEncoding
             out = out["input_ids"]
         return out if isinstance(out, str) else list(out)

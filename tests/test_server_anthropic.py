@@ -69,6 +69,18 @@ def test_text_blocks_equal_strings(client):
     assert blocks.content[0].text == plain.content[0].text
 
 
+def test_final_assistant_message_is_continued(client, default_model):
+    """Anthropic's prefill: a last assistant turn is the start of the answer, which goes on from it."""
+    model, tokenizer = default_model
+    messages = user(PROMPTS[0]) + [{"role": "assistant", "content": "The capital of France is"}]
+    prompt = tokenizer.apply_chat_template(messages, continue_final_message=True)
+    expected = "".join(r.text for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=4))
+    message = client.messages.create(model=MODEL, messages=messages, max_tokens=4, **GREEDY)
+    assert message.content[0].text == expected
+    count = client.messages.count_tokens(model=MODEL, messages=messages)
+    assert count.input_tokens == len(prompt)
+
+
 def test_streamed_text_equals_whole(client):
     args = dict(model=MODEL, system=SYSTEM, messages=user(PROMPTS[1]), max_tokens=24, **GREEDY)
     whole = client.messages.create(**args)

@@ -151,9 +151,8 @@ def _prompt(body: Any, info: ModelInfo) -> tuple[list[int], list[dict]]:
         raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
     turns = [t for i, m in enumerate(messages) for t in _openai_turns(m, i)]
     tools = _tools(body)
-    prompt = chat_prompt(
-        body, info.tokenizer, system, TURN_ROLES, tools, turns, {**template_kwargs(body), **_thinking(body)}
-    )
+    kwargs = {**template_kwargs(body), **_thinking(body)}
+    prompt = chat_prompt(body, info.tokenizer, system, TURN_ROLES, tools, turns, kwargs, continue_final=True)
     if not prompt:
         raise APIError("the prompt is empty", param="messages")
     return prompt, tools

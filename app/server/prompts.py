@@ -125,16 +125,21 @@ def chat_prompt(
     tools: Sequence[dict] = (),
     messages: Optional[list] = None,
     kwargs: Optional[dict] = None,
+    continue_final: bool = False,
 ) -> list[int]:
     """The templated prompt of `messages` (default `body["messages"]`), after a `system`
     message if given, offering `tools`: to the template where it takes tools (it names
     `tools`), else as a system message (`tool_prompt`) with the tool turns in plain text.
-    `kwargs` (default `template_kwargs(body)`) go to the template."""
+    `kwargs` (default `template_kwargs(body)`) go to the template. `continue_final`: a
+    last assistant message with text is the start of the answer (Anthropic's prefill),
+    left open instead of a new turn."""
     messages = body.get("messages") if messages is None else messages
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list", param="messages", code="invalid_type")
     turns = [{"role": "system", "content": system}] if system else []
     turns += [_content(m, i, roles) for i, m in enumerate(messages)]
+    last = turns[-1]
+    prefill = continue_final and last["role"] == "assistant" and bool(last["content"]) and "tool_calls" not in last
     kwargs = dict(template_kwargs(body) if kwargs is None else kwargs)
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, str) and "tools" in template:
@@ -146,8 +151,8 @@ def chat_prompt(
             head = turns[0]["content"] + "\n\n" if turns[0]["role"] == "system" else ""
             turns = [{"role": "system", "content": head + offer}] + turns[bool(head) :]
     try:
-        return list(apply_chat_template(tokenizer, turns, **kwargs))
-    except (TemplateError, TypeError, KeyError) as exc:
+        return list(apply_chat_template(tokenizer, turns, continue_final=prefill, **kwargs))
+    except (TemplateError, TypeError, KeyError, ValueError) as exc:  # ValueError: a prefill it cannot find
         raise APIError(f"the chat template refused these messages: {exc}", param="messages") from None
 
 
