@@ -29,6 +29,8 @@ class Pair:
     verifies draft trees."""
 
     def __init__(self, model: nn.Module, drafter: Optional[Drafter] = None, kernels: bool = False):
+        if drafter is not None and not isinstance(drafter, Drafter):  # e.g. mlx-lm's max_tokens, given in its place
+            raise TypeError(f"draft_model must be a DFlash drafter (load_draft) or None, got {type(drafter).__name__}")
         self.model, self.drafter = model, drafter
         layers = drafter.config.target_layer_ids if drafter is not None else ()
         self.target: Target = make_target(model, layers).use_kernels(kernels)

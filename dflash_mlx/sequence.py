@@ -35,9 +35,12 @@ class Sequence:
     @classmethod
     def of(cls, state: Union[None, PromptCache, "Sequence"], pair: Pair) -> "Sequence":
         """`state` itself, a bare `PromptCache` in a new sequence (what it learns lasts one
-        generation), or, for None, a new sequence on fresh caches for `pair`."""
+        generation), or, for None, a new sequence on fresh caches for `pair` (anything else:
+        a TypeError naming `prompt_cache`)."""
         if isinstance(state, Sequence):
             return state
+        if state is not None and not isinstance(state, PromptCache):  # e.g. mlx-lm's list of caches
+            raise TypeError(f"prompt_cache must come from dflash_mlx.make_prompt_cache, got {type(state).__name__}")
         return cls(state if state is not None else PromptCache(pair.model, pair.drafter))
 
     def plan(

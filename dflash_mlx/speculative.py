@@ -26,6 +26,7 @@ followed the latest earlier occurrence of the context's last tokens (`DecodeOpti
 
 from __future__ import annotations
 
+import numbers
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -209,8 +210,8 @@ def stream_generate(
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     tokens = as_tokens(tokenizer, prompt)
-    if max_tokens <= 0:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens <= 0:
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     text = TokenText(tokenizer, stop, max_tokens)
     stats = GenerationStats()
     steps = generate_step(

@@ -2,7 +2,7 @@
 
 `TokenText` turns tokens into text segments token by token (EOS is yielded but adds no
 text; text that could start a stop string waits, `StopStrings`); `as_tokens` reads a
-prompt given as text, token ids or an array.
+prompt given as text, token ids or a 1-D array (MLX or NumPy), as mlx-lm takes it.
 """
 
 from __future__ import annotations
@@ -10,13 +10,18 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+#: What `stop` may be: stop strings, one stop string, or None (none).
+Stops = Union[Sequence[str], str, None]
 
 
 class StopStrings:
     """Holds back text that could be the start of a stop string."""
 
-    def __init__(self, stop: Sequence[str]):
+    def __init__(self, stop: Stops):
+        stop = [stop] if isinstance(stop, str) else stop or ()  # a str is one stop string, not its characters
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""
@@ -43,7 +48,7 @@ class TokenText:
     """The text a stream of tokens adds, token by token, as mlx-lm gives it: EOS is
     yielded but adds no text, and text that could start a stop string waits."""
 
-    def __init__(self, tokenizer: TokenizerWrapper, stop: Sequence[str], max_tokens: int):
+    def __init__(self, tokenizer: TokenizerWrapper, stop: Stops, max_tokens: int):
         self.detokenizer = tokenizer.detokenizer
         self.detokenizer.reset()
         self.stops, self.eos, self.max_tokens = StopStrings(stop), tokenizer.eos_token_ids, max_tokens
@@ -63,11 +68,15 @@ class TokenText:
         return text, "stop" if hit or eos else "length" if last else None
 
 
-def as_tokens(tokenizer: TokenizerWrapper, prompt: Union[str, Sequence[int], mx.array]) -> list[int]:
-    """The prompt's token ids (text is encoded, with BOS unless it starts with it)."""
+def as_tokens(tokenizer: TokenizerWrapper, prompt: Union[str, Sequence[int], mx.array, np.ndarray]) -> list[int]:
+    """The prompt's token ids (text is encoded, with BOS unless it starts with it); token
+    ids must be integers in one dimension (a ValueError naming `prompt` otherwise)."""
     if isinstance(prompt, str):
         bos = tokenizer.bos_token
         return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
-    if isinstance(prompt, mx.array):
-        return prompt.tolist()
-    return list(prompt)
+    ids = np.array(prompt) if isinstance(prompt, mx.array) else np.asarray(prompt)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise ValueError(
+            f"prompt must be text or a 1-D sequence of integer token ids, got shape {ids.shape} of {ids.dtype}"
+        )
+    return ids.tolist()

@@ -1,0 +1,86 @@
+"""The Python API takes arguments as an mlx-lm user passes them, or names what is wrong.
+
+* `stop` given as one string is one stop string (not one per character), None is none.
+* A prompt as a 1-D NumPy array decodes as its token list does (as in mlx-lm); a prompt
+  of other shapes or of non-integers is a one-line error naming `prompt`.
+* Arguments in mlx-lm's places that mean something else here (mlx-lm's `max_tokens` or
+  `verbose` given positionally land on `draft_model`, mlx-lm's list of KV caches as
+  `prompt_cache`) and a `max_tokens` that is not an integer: one line naming the argument.
+"""
+
+from __future__ import annotations
+
+import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache as mlx_lm_cache
+
+from dflash_mlx import generate, stream_generate
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def counting(default_model):
+    """A prompt whose greedy continuation counts on, and that continuation (target alone)."""
+    model, tokenizer = default_model
+    prompt = tokenizer.encode("Count: one, two, three,")
+    text = generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)
+    assert "seven" in text, text
+    return prompt, text
+
+
+def one_line_naming(error: BaseException, *words: str) -> None:
+    message = str(error).strip()
+    assert message and "\n" not in message, message
+    for word in words:
+        assert word in message, f"{word!r} not in {message!r}"
+
+
+def test_a_stop_string_given_alone_is_one_stop_string(default_model, counting):
+    model, tokenizer = default_model
+    prompt, text = counting
+    assert generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS, stop="seven") == text[: text.index("seven")]
+    assert generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS, stop=None) == text
+
+
+@pytest.mark.parametrize("as_prompt", [np.array, lambda p: np.array(p, dtype=np.int32)], ids=["int64", "int32"])
+def test_array_prompts_decode_as_their_token_lists(default_model, counting, as_prompt):
+    model, tokenizer = default_model
+    prompt, text = counting
+    assert generate(model, tokenizer, as_prompt(prompt), max_tokens=MAX_TOKENS) == text
+
+
+@pytest.mark.parametrize(
+    "prompt", [mx.array([[1, 2, 3]]), np.zeros((2, 2), dtype=np.int64), [1.5, 2.0], [1, "a"], mx.array([0.5])]
+)
+def test_a_prompt_of_other_shapes_or_values_is_named(default_model, prompt):
+    model, tokenizer = default_model
+    with pytest.raises(ValueError) as info:
+        list(stream_generate(model, tokenizer, prompt, max_tokens=2))
+    one_line_naming(info.value, "prompt")
+
+
+@pytest.mark.parametrize("misplaced", [5, True], ids=["max_tokens", "verbose"])
+def test_mlx_lm_positional_arguments_are_not_a_drafter(default_model, counting, misplaced):
+    model, tokenizer = default_model
+    with pytest.raises(TypeError) as info:
+        generate(model, tokenizer, counting[0], misplaced)
+    one_line_naming(info.value, "draft_model", type(misplaced).__name__)
+
+
+def test_mlx_lm_prompt_cache_is_named(default_model, counting):
+    model, tokenizer = default_model
+    with pytest.raises(TypeError) as info:
+        generate(model, tokenizer, counting[0], max_tokens=2, prompt_cache=mlx_lm_cache(model))
+    one_line_naming(info.value, "prompt_cache", "make_prompt_cache")
+
+
+@pytest.mark.parametrize("max_tokens", ["5", 5.0, None])
+def test_max_tokens_must_be_an_integer(default_model, counting, max_tokens):
+    model, tokenizer = default_model
+    with pytest.raises(ValueError) as info:
+        list(stream_generate(model, tokenizer, counting[0], max_tokens=max_tokens))
+    one_line_naming(info.value, "max_tokens", repr(max_tokens))
