@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import typer
 
-from dflash_mlx import EXPECTED_ERRORS, OptionError, one_line
+from dflash_mlx import EXPECTED_ERRORS, DecodeOptions, OptionError, one_line
 
 from app.flags import flag_error
 
@@ -66,6 +66,26 @@ def integers(text: str, flag: str) -> list[int]:
         return [int(n) for n in text.split(",") if n.strip()]
     except ValueError:
         raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def counts(text: str, flag: str) -> list[int]:
+    """A comma-separated list of integers >= 1, at least one (context lengths, client counts)."""
+    values = integers(text, flag)
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} must be integers >= 1, got {text!r}")
+    return values
+
+
+def option_values(text: str, flag: str, name: str) -> list[int]:
+    """Comma-separated values of the `DecodeOptions` field `name` ('' for none), each
+    checked by its rule and named by `flag` (a bench runs one method per value)."""
+    values = integers(text, flag)
+    for value in values:
+        try:
+            DecodeOptions(**{name: value})
+        except OptionError as e:
+            raise ValueError(e.named(flag, none="omitted")) from None
+    return values
 
 
 def writable(path: Optional[Path], flag: str) -> None:

@@ -24,8 +24,10 @@ from typer.core import TyperGroup
 from app.cli.common import (
     SHARDING_HELP,
     check_pair,
+    counts,
     integers,
     one_line_errors,
+    option_values,
     plottable,
     positive,
     writable,
@@ -123,7 +125,8 @@ def speed(
     writable(json_out, "--json")
     check_pair(model)
     sizes = None if fixed is None else integers(fixed, "--fixed")
-    trees, lookups = integers(tree_budget, "--tree-budget"), integers(lookup_rows, "--lookup-rows")
+    trees = option_values(tree_budget, "--tree-budget", "tree_budget")
+    lookups = option_values(lookup_rows, "--lookup-rows", "lookup")
     texts, kinds = read_prompts(prompts) if prompts else (None, None)
     with Console(stderr=True).status("benchmarking") as status:
         report = run_bench(
@@ -177,7 +180,7 @@ def context(
     writable(json_out, "--json")
     plottable(plot, "--plot")
     check_pair(model)
-    sizes = integers(lengths, "--lengths")
+    sizes = counts(lengths, "--lengths")
     questions = read_prompts(prompts)[0] if prompts else QUESTIONS
     print("\n".join(context_header(max_tokens)), flush=True)
     with Console(stderr=True).status("benchmarking long contexts") as status:
@@ -259,9 +262,7 @@ def concurrency(
 
     from .concurrency import concurrency_table, plot_concurrency, run_concurrency_bench
 
-    clients = integers(levels, "LEVELS")
-    if not clients or min(clients) < 1:
-        raise ValueError(f"LEVELS must be integers >= 1, got {levels!r}")
+    clients = counts(levels, "LEVELS")
     for flag, value in (("--limit", limit), ("--max-tokens", max_tokens), ("--mlx-lm-batch", mlx_lm_batch)):
         positive(value, flag)
     writable(json_out, "--json")
