@@ -326,7 +326,11 @@ def eval_command(
 
     positive(max_tokens, "--max-tokens")
     positive(limit, "--limit")
+    not_negative(seed, "--seed")
     writable(json_out, "--json")
+    if answers is not None and not replay:  # else it would be silently ignored
+        raise ValueError("--answers applies to --replay only")
+    writable(answers, "--answers")
     check_pair(model)
     items = read_prompt_sources(prompts)[:limit]
     target, tokenizer = load(model)
