@@ -203,23 +203,23 @@ def stream_generate(
     (`block_size=None`) is chosen every cycle (see `BlockSizePolicy`; pass `policy` to
     carry one across calls, or a `prompt_cache` from `make_prompt_cache`, which keeps
     its own). The last response
-    has a `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens);
+    has a `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens; -1: no
+    limit, as in mlx-lm);
     every response's `stats` holds tau, the accepted-length histogram, timings and tokens/s.
     """
     options = DecodeOptions.of(options, **changes)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     tokens = as_tokens(tokenizer, prompt)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens <= 0:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    text = TokenText(tokenizer, stop, max_tokens)
+    limit = _token_limit(max_tokens)
+    text = TokenText(tokenizer, stop, limit)
     stats = GenerationStats()
     steps = generate_step(
         tokens,
         model,
         draft_model,
         options,
-        max_tokens=max_tokens,
+        max_tokens=limit,
         prompt_cache=prompt_cache,
         prompt_progress_callback=prompt_progress_callback,
         stats=stats,
@@ -239,6 +239,18 @@ def stream_generate(
                     return
     finally:
         steps.close()
+
+
+def _token_limit(max_tokens: Any) -> Optional[int]:
+    """`max_tokens` checked: a positive integer, or -1 for no limit (None), as in mlx-lm."""
+    if (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, numbers.Integral)
+        or max_tokens < -1
+        or max_tokens == 0
+    ):
+        raise ValueError(f"max_tokens must be a positive integer or -1 (no limit), got {max_tokens!r}")
+    return None if max_tokens == -1 else int(max_tokens)
 
 
 def _response(

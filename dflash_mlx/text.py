@@ -48,14 +48,14 @@ class TokenText:
     """The text a stream of tokens adds, token by token, as mlx-lm gives it: EOS is
     yielded but adds no text, and text that could start a stop string waits."""
 
-    def __init__(self, tokenizer: TokenizerWrapper, stop: Stops, max_tokens: int):
+    def __init__(self, tokenizer: TokenizerWrapper, stop: Stops, max_tokens: Optional[int]):
         self.detokenizer = tokenizer.detokenizer
         self.detokenizer.reset()
         self.stops, self.eos, self.max_tokens = StopStrings(stop), tokenizer.eos_token_ids, max_tokens
 
     def push(self, token: int, n: int) -> tuple[str, Optional[str]]:
         """The text that token number `n` (from 1) releases, and the finish reason where the
-        stream ends with it ("stop": EOS or a stop string, "length": `max_tokens`)."""
+        stream ends with it ("stop": EOS or a stop string, "length": `max_tokens`, None: no limit)."""
         eos = token in self.eos
         if not eos:
             self.detokenizer.add_token(token)

@@ -6,6 +6,7 @@
 * Arguments in mlx-lm's places that mean something else here (mlx-lm's `max_tokens` or
   `verbose` given positionally land on `draft_model`, mlx-lm's list of KV caches as
   `prompt_cache`) and a `max_tokens` that is not an integer: one line naming the argument.
+* `max_tokens=-1` is no limit, as in mlx-lm: the text runs to EOS, token for token mlx-lm's.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 import mlx.core as mx
 import numpy as np
 import pytest
+import mlx_lm
 from mlx_lm.models.cache import make_prompt_cache as mlx_lm_cache
 
-from dflash_mlx import generate, stream_generate
+from dflash_mlx import apply_chat_template, generate, load_draft, stream_generate, user_messages
 
 MAX_TOKENS = 12
 
@@ -84,3 +86,12 @@ def test_max_tokens_must_be_an_integer(default_model, counting, max_tokens):
     with pytest.raises(ValueError) as info:
         list(stream_generate(model, tokenizer, counting[0], max_tokens=max_tokens))
     one_line_naming(info.value, "max_tokens", repr(max_tokens))
+
+
+def test_max_tokens_minus_one_is_no_limit(default_model):
+    model, tokenizer = default_model
+    prompt = apply_chat_template(tokenizer, user_messages("Say just: ok"))
+    theirs = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=-1)]
+    ours = list(stream_generate(model, tokenizer, prompt, load_draft(model=model), max_tokens=-1))
+    assert len(theirs) < 64 and theirs[-1] in tokenizer.eos_token_ids  # the prompt ends soon
+    assert [r.token for r in ours] == theirs and ours[-1].finish_reason == "stop"
