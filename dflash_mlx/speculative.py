@@ -92,8 +92,8 @@ def generate_step(
 ) -> Generator[tuple[list[int], int, list[mx.array]], None, None]:
     """Yield, per cycle, the committed tokens, how many of them are accepted drafts
     (they come first), and the target's log-probabilities (V,) for each. Runs forever: the
-    caller stops. With `max_tokens`, blocks shrink near the end so nothing past it is
-    verified. With `draft_model=None` the target decodes alone, one token a cycle.
+    caller stops. With `max_tokens` (None or -1: no limit), blocks shrink near the end so
+    nothing past it is verified. With `draft_model=None` the target decodes alone, one token a cycle.
 
     `options` say how to decode (`DecodeOptions`; keyword `changes` to its fields, as
     mlx-lm's keyword arguments, are applied on top). The models decode through their
@@ -103,6 +103,7 @@ def generate_step(
     token (EOS, a stop string), the step that feeds it is already queued and stays in the
     prompt cache (never past `max_tokens`)."""
     options = DecodeOptions.of(options, **changes)
+    max_tokens = _token_limit(max_tokens)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
     pair = Pair.of(model, draft_model, options.use_kernels)
@@ -187,7 +188,7 @@ def stream_generate(
     draft_model: Optional[Drafter] = None,
     options: Optional[DecodeOptions] = None,
     *,
-    max_tokens: int = 256,
+    max_tokens: Optional[int] = 256,
     stop: Sequence[str] = (),
     prompt_cache: Optional[PromptState] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
@@ -203,8 +204,8 @@ def stream_generate(
     (`block_size=None`) is chosen every cycle (see `BlockSizePolicy`; pass `policy` to
     carry one across calls, or a `prompt_cache` from `make_prompt_cache`, which keeps
     its own). The last response
-    has a `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens; -1: no
-    limit, as in mlx-lm);
+    has a `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens; -1 or
+    None: no limit, as in mlx-lm);
     every response's `stats` holds tau, the accepted-length histogram, timings and tokens/s.
     """
     options = DecodeOptions.of(options, **changes)
@@ -242,7 +243,9 @@ def stream_generate(
 
 
 def _token_limit(max_tokens: Any) -> Optional[int]:
-    """`max_tokens` checked: a positive integer, or -1 for no limit (None), as in mlx-lm."""
+    """`max_tokens` checked: a positive integer, or -1 or None for no limit (None), as in mlx-lm."""
+    if max_tokens is None:
+        return None
     if (
         isinstance(max_tokens, bool)
         or not isinstance(max_tokens, numbers.Integral)

@@ -6,7 +6,8 @@
 * Arguments in mlx-lm's places that mean something else here (mlx-lm's `max_tokens` or
   `verbose` given positionally land on `draft_model`, mlx-lm's list of KV caches as
   `prompt_cache`) and a `max_tokens` that is not an integer: one line naming the argument.
-* `max_tokens=-1` is no limit, as in mlx-lm: the text runs to EOS, token for token mlx-lm's.
+* `max_tokens=-1` is no limit, as in mlx-lm: the text runs to EOS, token for token mlx-lm's;
+  `generate_step` drafts as with no `max_tokens` (not one plain step a cycle).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ import pytest
 import mlx_lm
 from mlx_lm.models.cache import make_prompt_cache as mlx_lm_cache
 
-from dflash_mlx import apply_chat_template, generate, load_draft, stream_generate, user_messages
+from dflash_mlx import (
+    GenerationStats,
+    apply_chat_template,
+    generate,
+    generate_step,
+    load_draft,
+    stream_generate,
+    user_messages,
+)
 
 MAX_TOKENS = 12
 
@@ -80,7 +89,7 @@ def test_mlx_lm_prompt_cache_is_named(default_model, counting):
     one_line_naming(info.value, "prompt_cache", "make_prompt_cache")
 
 
-@pytest.mark.parametrize("max_tokens", ["5", 5.0, None])
+@pytest.mark.parametrize("max_tokens", ["5", 5.0, -2])
 def test_max_tokens_must_be_an_integer(default_model, counting, max_tokens):
     model, tokenizer = default_model
     with pytest.raises(ValueError) as info:
@@ -95,3 +104,22 @@ def test_max_tokens_minus_one_is_no_limit(default_model):
     ours = list(stream_generate(model, tokenizer, prompt, load_draft(model=model), max_tokens=-1))
     assert len(theirs) < 64 and theirs[-1] in tokenizer.eos_token_ids  # the prompt ends soon
     assert [r.token for r in ours] == theirs and ours[-1].finish_reason == "stop"
+
+
+def test_generate_step_takes_mlx_lm_max_tokens(default_model, counting):
+    model, _ = default_model
+    drafter = load_draft(model=model)
+
+    def widths(max_tokens):
+        stats = GenerationStats()
+        steps = generate_step(counting[0], model, drafter, block_size=4, max_tokens=max_tokens, stats=stats)
+        for _ in zip(range(4), steps):
+            pass
+        return stats.block_sizes
+
+    unlimited = widths(None)
+    assert 4 in unlimited, unlimited
+    assert widths(-1) == unlimited  # not the shortest chains, as at the end of a budget
+    with pytest.raises(ValueError) as info:
+        widths(0)
+    one_line_naming(info.value, "max_tokens", "0")
