@@ -125,7 +125,7 @@ class Trainer:
                     stored, st = len(seqs) - len(missing), self.state
                     wanted = st.featured + (a.feature_chunk if st.epoch_size == 0 and st.first == 0 else 0)
                     missing = missing[: min(a.feature_chunk, max(0, wanted - stored))]
-                    if stored < min(st.featured, len(seqs)):
+                    if self.catching_up(stored, len(seqs)):
                         self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
                 if missing and save_first:
                     save_checkpoint(self.out, self.drafter, self.optimizer, self.state, a)
@@ -182,9 +182,10 @@ class Trainer:
             sample = [self.store.get(k)[0][1:] for k, _, _ in self.seqs[:8]]
             rms_fc_init(self.drafter, np.concatenate(sample).astype(np.float32))
 
-    def catching_up(self) -> bool:
-        """Whether this machine stores features for fewer of the data's sequences than the run has had."""
-        return len(self.seqs) < min(self.state.featured, self.data_size)
+    def catching_up(self, stored: int, total: int) -> bool:
+        """Whether features stored here for `stored` of the data's `total` sequences are fewer
+        than the run has had (`featured`)."""
+        return stored < min(self.state.featured, total)
 
     def next_pass(self) -> None:
         """After a pass over the epoch's sequences, the next epoch; but while this machine
@@ -194,7 +195,7 @@ class Trainer:
         first chunks again and again. The pass is not begun (`epoch_size` 0) until its
         features are computed: a checkpoint saved before them resumes it."""
         st = self.state
-        if self.catching_up():
+        if self.catching_up(len(self.seqs), self.data_size):
             st.first = len(self.seqs)
         else:
             st.epoch, st.first = st.epoch + 1, 0
