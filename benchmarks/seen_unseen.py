@@ -18,13 +18,11 @@ from pathlib import Path
 
 import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 
-import mlx.core as mx
 
-from dflash_mlx.cache import PromptCache
 from dflash_mlx.drafters import load_drafter_dir
 from dflash_mlx.loading import load
 from dflash_mlx.targets import make_target
-from dflash_mlx.train.replay import Reference, replay_tau
+from dflash_mlx.train.replay import Reference, reference, replay_tau
 
 ROOT = Path(__file__).resolve().parent.parent
 POINT = "assets/train/long-run"
@@ -40,7 +38,7 @@ PARTS = (
 PROMPTS, TOKENS, BLOCK = 80, 64, 8
 
 
-def sample(records: list[dict], first: int, end: int, eos: set[int], target, model) -> list[Reference]:
+def sample(records: list[dict], first: int, end: int, eos: set[int], target) -> list[Reference]:
     """`PROMPTS` single-turn greedy self-instruct records of records[first:end] (a fixed
     shuffle), as replay references along their completions."""
     pool = [
@@ -48,14 +46,10 @@ def sample(records: list[dict], first: int, end: int, eos: set[int], target, mod
     ]
     pool = [r for r in pool if len(r["completion_ids"]) >= 16]
     random.Random(1).shuffle(pool)
-    refs = []
-    for r in pool[:PROMPTS]:
-        ids, tokens = r["prompt_ids"], r["completion_ids"][: TOKENS + BLOCK]
-        length = min(TOKENS, len(tokens), next((i + 1 for i, t in enumerate(tokens) if t in eos), TOKENS))
-        _, features = target.forward(mx.array(ids + tokens)[None], PromptCache(model).target)  # (1, L, k * hidden)
-        mx.eval(features)
-        refs.append(Reference("chat", len(ids), tokens, length, features))
-    return refs
+    return [
+        reference(target, "chat", r["prompt_ids"], r["completion_ids"][: TOKENS + BLOCK], eos, TOKENS)
+        for r in pool[:PROMPTS]
+    ]
 
 
 def committed(name: str) -> bytes:
@@ -75,7 +69,7 @@ def main() -> None:
         records = [json.loads(line) for line in fh]
     rows = []
     for label, first, end in PARTS:
-        refs = sample(records, first, end, set(tokenizer.eos_token_ids), target, model)
+        refs = sample(records, first, end, set(tokenizer.eos_token_ids), target)
         tau = replay_tau(drafter, model, refs, max_tokens=TOKENS, block_size=BLOCK)["all"]["tau"]
         rows.append([label, len(refs), round(tau, 2)])
         print(f"{label}: tau {tau:.2f} ({len(refs)} answers)", flush=True)

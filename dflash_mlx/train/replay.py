@@ -80,11 +80,21 @@ def references(
     target, eos, out = make_target(model, layer_ids), set(tokenizer.eos_token_ids), []
     prompt_ids = [apply_chat_template(tokenizer, p["messages"]) for p in prompts]
     for p, ids, tokens in zip(prompts, prompt_ids, greedy_answers(model, prompt_ids, max_tokens + block_size, answers)):
-        length = min(max_tokens, next((i + 1 for i, t in enumerate(tokens) if t in eos), max_tokens))
-        _, features = target.forward(mx.array(ids + tokens)[None], PromptCache(model).target)
-        mx.eval(features)
-        out.append(Reference(prompt_kind(p), len(ids), tokens, length, features))
+        out.append(reference(target, prompt_kind(p), ids, tokens, eos, max_tokens))
     return out
+
+
+def reference(
+    target: Target, kind: str, prompt: list[int], tokens: list[int], eos: set[int], max_tokens: int
+) -> Reference:
+    """The `Reference` of `prompt` answered by `tokens` (the target's own continuation): what a
+    stream with `max_tokens` yields of them (through the first EOS), and the target's features."""
+    length = min(max_tokens, len(tokens), next((i + 1 for i, t in enumerate(tokens) if t in eos), max_tokens))
+    _, features = target.forward(
+        mx.array(prompt + tokens)[None], PromptCache(target.model).target
+    )  # (1, L, k * hidden)
+    mx.eval(features)
+    return Reference(kind, len(prompt), tokens, length, features)
 
 
 def replay_lengths(drafter: Drafter, target: Target, ref: Reference, max_tokens: int, block_size: int) -> list[int]:
