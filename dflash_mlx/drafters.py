@@ -4,8 +4,9 @@
 other's config. This registry is the one place that tells them apart in a config.json
 (`config_class`), builds the right model (`build_drafter`), loads a directory
 (`load_drafter_dir`) and writes one (`write_drafter_files` into a staging directory,
-`save_drafter` all at once through `atomic.atomic_directory`). A new family is one entry
-in `FAMILIES`.
+`save_drafter` all at once through `atomic.atomic_directory`), or the mean of several
+(`average_drafters`: checkpoints of one run averaged, a cheap gain in acceptance). A new
+family is one entry in `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,6 +27,7 @@ from .drafter2 import Drafter2Config
 
 __all__ = [
     "FAMILIES",
+    "average_drafters",
     "build_drafter",
     "config_class",
     "config_from_dict",
@@ -84,18 +86,22 @@ def build_drafter(config: dict | DrafterConfig, weights: Optional[dict[str, mx.a
     return drafter
 
 
+def _weight_files(path: Path) -> dict[str, mx.array]:
+    """All the weights in a directory's .safetensors files (z-lab's shards too), by name."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors weights in {path}")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    return weights
+
+
 def load_drafter_dir(path: str | os.PathLike) -> Drafter:
     """Load an MLX (or z-lab safetensors) drafter directory, with the draft vocabulary
     beside its weights if there is one."""
     path = Path(path)
-    config = read_config(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in {path}")
-    weights: dict[str, Any] = {}
-    for f in files:
-        weights.update(mx.load(str(f)))
-    drafter = build_drafter(config, weights)
+    drafter = build_drafter(read_config(path), _weight_files(path))
     if (path / DRAFT_VOCAB_FILE).is_file():
         drafter.use_draft_vocab(load_draft_vocab(path, drafter.config.vocab_size))
     return drafter
@@ -119,3 +125,33 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, overwrite: bool =
     with atomic_directory(path, overwrite=overwrite) as tmp:
         write_drafter_files(tmp, *drafter_files(drafter))
     return Path(path)
+
+
+def average_drafters(paths: Sequence[str | os.PathLike]) -> tuple[dict[str, mx.array], dict]:
+    """The mean of several drafters' weights (checkpoints of one training run), tensor by
+    tensor in float32 and stored in the widest dtype among them, and their config.json
+    dict. Refuses drafters whose configs or tensor names differ, and quantized ones (a
+    mean of packed integers is no weight). Late checkpoints of one run sit around one
+    minimum; their mean lies nearer it than any one of them."""
+    if len(paths) < 2:
+        raise ValueError(f"averaging needs at least two drafters, got {len(paths)}")
+    config = read_config(paths[0])
+    for path in paths[1:]:
+        if read_config(path) != config:
+            raise ValueError(f"{path}: its config.json differs from {paths[0]}'s; only one run's checkpoints average")
+    if config.get("quantization"):
+        raise ValueError(f"{paths[0]} is quantized: average the float checkpoints, then quantize")
+    total: dict[str, mx.array] = {}
+    dtypes: set = set()
+    for path in map(Path, paths):
+        weights = _weight_files(path)
+        if total and weights.keys() != total.keys():
+            raise ValueError(f"{path}: its tensors differ from {paths[0]}'s")
+        for name, value in weights.items():
+            dtypes.add(value.dtype)
+            total[name] = total.get(name, 0) + value.astype(mx.float32)
+        mx.eval(total)  # one drafter's weights in memory at a time
+    dtype = max(dtypes, key=lambda d: d.size)  # float32 over float16 / bfloat16
+    mean = {name: (value / len(paths)).astype(dtype) for name, value in total.items()}
+    mx.eval(mean)
+    return mean, config
