@@ -94,6 +94,26 @@ def test_bench_compares_draft_vocabularies(default_model_dir, tmp_path):
     assert "| draft ms |" in markdown_table(report)
 
 
+def test_bench_compares_two_drafters_side_by_side(default_model_dir, tmp_path):
+    """`--draft A --draft B`: B decodes beside A in the same run (rows interleaved per
+    prompt), each with its own draft vocabulary; both give mlx-lm's tokens."""
+    from dflash_mlx import shipped_drafter_dir
+
+    out = tmp_path / "bench.json"
+    args = ["bench", "speed", "--model", str(default_model_dir), "--draft", "random", "--draft"]
+    args += [str(shipped_drafter_dir()), "-m", "12", "--fixed", "", "--no-reference", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {r["method"]: r for r in report["results"]}
+    other = f"dflash-mlx draft {shipped_drafter_dir()}"
+    assert list(rows) == ["mlx-lm", "dflash-mlx (ours)", other]
+    assert report["other_drafts"] == [str(shipped_drafter_dir())]
+    assert all(r["same_tokens_as_mlx_lm"] for r in rows.values())
+    assert rows["dflash-mlx (ours)"]["tau"] == 1.0 < rows[other]["tau"]  # the trained drafter accepts some
+    assert rows[other]["draft_ms"] > 0 and f"| {other} |" in result.output
+
+
 def test_bench_alone_runs_speed_with_its_defaults(monkeypatch):
     """`dflash bench` with no subcommand is `dflash bench speed` with every default (`make bench`)."""
     from app.cli.bench import speed

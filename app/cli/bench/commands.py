@@ -77,10 +77,11 @@ def bench(ctx: typer.Context) -> None:
 @decode_flags("block_size", "kernels", "lookup", *KV_CACHE)
 def speed(
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-    draft: Optional[str] = typer.Option(
+    draft: Optional[List[str]] = typer.Option(
         None,
         "--draft",
-        help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead).",
+        help="Drafter (default: the shipped one; 'random': an untrained one, to measure the loop's overhead). "
+        "Repeatable: ours also runs with each further drafter, side by side (to compare two drafters).",
     ),
     prompts: Optional[List[str]] = typer.Option(
         None,
@@ -131,7 +132,7 @@ def speed(
     with Console(stderr=True).status("benchmarking") as status:
         report = run_bench(
             model,
-            draft,
+            draft[0] if draft else None,
             texts,
             max_tokens,
             options,
@@ -143,6 +144,7 @@ def speed(
             kinds=kinds,
             fixed_lookups=lookups,
             sharding=choose_sharding(sharding),
+            other_drafts=(draft or [])[1:],
         )
     if not is_leader():  # every rank ran the same bench; rank 0 reports it
         return

@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from dflash_mlx import apply_chat_template, tau, user_messages
 
-from .speed import _clock, draft_milliseconds
+from .drafters import draft_milliseconds
+from .speed import _clock
 
 DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 7000)
 MODULES = ("json", "pathlib", "collections", "functools", "itertools", "argparse", "textwrap", "datetime", "re")

@@ -6,8 +6,8 @@ in a rotating order, so that machine noise hits them alike; their outputs are co
 token for token.
 
 Ours runs with the options given (adaptive block size by default), and once more per
-fixed block size, per fixed tree budget, per prompt-lookup length and per further draft
-vocabulary asked for (with tree budgets and an adaptive block size, also with the
+fixed block size, per fixed tree budget, per prompt-lookup length, per further draft
+vocabulary and per further drafter asked for (with tree budgets and an adaptive block size, also with the
 chain-only policy, beside the default that weighs trees); each row says what its cycles
 verified (widths) and how many draft nodes per cycle. Prompts of several kinds (the `set`
 of a prompt file's records) get a table per kind too.
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dflash_mlx import DecodeOptions, apply_chat_template, histogram, tau, user_messages
+
+from .drafters import draft_milliseconds, random_drafter
 
 #: The fixed block sizes ours also runs with by default, those up to the drafter's B.
 DEFAULT_FIXED = (4, 8, 16)
@@ -141,42 +143,6 @@ def _zlab_method(model_dir: str, draft_dir: Path, block: int, max_tokens: int) -
     return run
 
 
-def _random_drafter(model, tokenizer, path: Path, seed: int = 0) -> Path:
-    """A freshly initialised 2-layer drafter, saved to `path` so z-lab's loader can read it
-    too: it accepts nothing, so its speed is the loop's pure overhead."""
-    import mlx.core as mx
-
-    from dflash_mlx import Drafter, save_drafter
-    from dflash_mlx.targets import make_target
-    from dflash_mlx.train import default_mask_token_id, make_config
-
-    mx.random.seed(seed)
-    config = make_config(
-        make_target(model), num_layers=2, block_size=16, mask_token_id=default_mask_token_id(tokenizer)
-    )
-    return save_drafter(Drafter(config), path)
-
-
-def draft_milliseconds(model: Any, drafter: Any, context: int = 256, repeats: int = 20) -> float:
-    """Wall time of one draft at the drafter's block size, over `context` tokens of random
-    context (the median of `repeats`, after a warm-up): the draft's share of a cycle."""
-    import mlx.core as mx
-
-    from dflash_mlx.targets import make_target
-
-    target, B = make_target(model), drafter.config.block_size
-    cache = drafter.make_cache()
-    width = len(drafter.config.target_layer_ids) * target.hidden_size
-    drafter.append_context(mx.random.normal((1, context, width), dtype=drafter.norm.weight.dtype), cache)
-    block = mx.array([[0] + [drafter.config.mask_token_id] * (B - 1)])
-    times = []
-    for _ in range(repeats + 1):
-        tic = time.perf_counter()
-        mx.eval(drafter.propose(block, cache, target).argmax(-1))
-        times.append(time.perf_counter() - tic)
-    return round(1000 * sorted(times[1:])[repeats // 2], 2)
-
-
 def _vocab_label(drafter) -> str:
     vocab = drafter.draft_vocab
     return "full" if vocab is None else f"{vocab.size}"
@@ -234,6 +200,7 @@ def run_bench(
     kinds: Optional[Sequence[str]] = None,
     sharding: Optional[str] = None,
     fixed_lookups: Sequence[int] = (),
+    other_drafts: Sequence[str] = (),
 ) -> dict:
     """Benchmark and return a JSON-able report with one row per method (and, where
     `kinds` gives the prompts more than one kind, the rows of each kind). `draft_path`
@@ -243,8 +210,9 @@ def run_bench(
     those of `DEFAULT_FIXED` up to B), and once more for each further draft vocabulary
     of `draft_vocab` (comma-separated files or 'none'; the first is ours'), and once more
     with each tree budget of `fixed_trees` at a fixed block (`options`' or the drafter's;
-    0: the chain), and once more with each prompt-lookup length of `fixed_lookups` (0: off).
-    `sharding`: the target sharded under mlx.launch (`load`'s), without
+    0: the chain), and once more with each prompt-lookup length of `fixed_lookups` (0: off),
+    and once more with each drafter of `other_drafts` (paths; with `options`), to compare
+    drafters of one target side by side. `sharding`: the target sharded under mlx.launch (`load`'s), without
     z-lab's loop, which runs in one process."""
     from dflash_mlx import default_model_path, load, load_draft, shipped_drafter_dir
 
@@ -255,11 +223,12 @@ def run_bench(
     with contextlib.ExitStack() as scratch:
         if draft_path == "random":  # an untrained drafter, written for this run only
             tmp = scratch.enter_context(tempfile.TemporaryDirectory(prefix="dflash-random-drafter-"))
-            draft_path = str(_random_drafter(model, tokenizer, Path(tmp) / "drafter"))
+            draft_path = str(random_drafter(model, tokenizer, Path(tmp) / "drafter"))
         draft_dir = Path(draft_path) if draft_path else shipped_drafter_dir()
         vocabs = [v.strip() for v in draft_vocab.split(",")] if draft_vocab else [None]
-        drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
-        drafter = drafters[0]
+        drafter, *vocab_drafters = [load_draft(draft_path, model=model, draft_vocab=v) for v in vocabs]
+        others = {f"dflash-mlx vocab {_vocab_label(d)}": d for d in vocab_drafters}
+        others.update({f"dflash-mlx draft {path}": load_draft(path, model=model) for path in other_drafts})
         most = drafter.config.block_size  # what --fixed may ask for, known once the drafter is
         if fixed_sizes is None:
             fixed_sizes = [size for size in DEFAULT_FIXED if size <= most]
@@ -267,7 +236,7 @@ def run_bench(
             sizes = ",".join(map(str, fixed_sizes))
             raise ValueError(f"--fixed takes block sizes 2..{most} (this drafter's B), got {sizes}")
         fixed = (fixed_sizes, fixed_trees, fixed_lookups)
-        methods, timed = _methods(model, tokenizer, drafters, options, max_tokens, *fixed)
+        methods, timed = _methods(model, tokenizer, drafter, others, options, max_tokens, *fixed)
         zlab = _zlab_method(model_dir, draft_dir, options.block_limit(drafter), max_tokens) if reference else None
         if zlab is not None:
             methods["z-lab MLX (reference)"] = zlab
@@ -282,6 +251,7 @@ def run_bench(
     return {
         "model": model_dir,
         "draft": str(draft_dir),
+        "other_drafts": list(other_drafts),
         "block_size": options.block_size or "adaptive",
         "draft_vocab": _vocab_label(drafter),
         "max_tokens": max_tokens,
@@ -302,7 +272,8 @@ def _kind_rows(results: list[MethodResult], kinds: Optional[Sequence[str]]) -> d
 def _methods(
     model,
     tokenizer,
-    drafters: list,
+    drafter,
+    others: dict[str, Any],
     options: DecodeOptions,
     max_tokens: int,
     fixed_sizes: Sequence[int],
@@ -310,13 +281,11 @@ def _methods(
     fixed_lookups: Sequence[int] = (),
 ) -> tuple[dict[str, Callable], dict[str, object]]:
     """Plain mlx-lm and our runs by name (with `options`, each fixed size, each fixed tree
-    budget, each prompt-lookup length, each further drafter), and the drafter of each row
-    that gets a draft time."""
+    budget, each prompt-lookup length, and each of `others`: further drafters by row name),
+    and the drafter of each row that gets a draft time."""
     import mlx_lm
 
     from dflash_mlx import make_policy, stream_generate
-
-    drafter = drafters[0]
 
     def plain(prompt):
         stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **options.kv_args)
@@ -349,10 +318,8 @@ def _methods(
     for n in fixed_lookups:
         if n != options.lookup:
             methods[f"dflash-mlx lookup {n}" if n else "dflash-mlx no lookup"] = ours(replace(options, lookup=n))
-    timed = {"dflash-mlx (ours)": drafter}
-    for other in drafters[1:]:
-        name = f"dflash-mlx vocab {_vocab_label(other)}"
-        methods[name], timed[name] = ours(options, other), other
+    timed = {"dflash-mlx (ours)": drafter, **others}
+    methods.update({name: ours(options, other) for name, other in others.items()})
     return methods, timed
 
 
