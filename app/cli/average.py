@@ -11,9 +11,7 @@ import typer
 
 
 def average_command(
-    drafters: List[Path] = typer.Argument(
-        ..., metavar="DRAFTER", help="Drafter directories of one run (two or more)."
-    ),
+    drafters: List[Path] = typer.Argument(..., metavar="DRAFTER", help="Drafter directories of one run (two or more)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory to create (must not exist unless --force)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
 ) -> None:
