@@ -130,12 +130,14 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token (its text), its log-probability under the target, and the top
-    alternatives there as (text, log-probability), most likely first."""
+    """A generated token (its text and its own bytes: a token that holds part of a UTF-8
+    character decodes to U+FFFD), its log-probability under the target, and the top
+    alternatives there, most likely first."""
 
     token: str
+    raw: bytes
     logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[TokenLogprob, ...] = ()
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -249,8 +251,8 @@ def piece_chunks(req: CompletionRequest, pieces: Sequence[Piece], logprobs: Opti
     return chunks or ([chunk(req, "", logprobs=logprobs)] if logprobs else [])
 
 
-def _token(token: str, logprob: float) -> dict:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+def _token(entry: TokenLogprob) -> dict:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.raw)}
 
 
 def logprobs_body(req: CompletionRequest, entries: Sequence[TokenLogprob], offset: int = 0) -> Optional[dict]:
@@ -261,12 +263,12 @@ def logprobs_body(req: CompletionRequest, entries: Sequence[TokenLogprob], offse
     if req.logprobs is None:
         return None
     if req.chat:
-        content = [{**_token(e.token, e.logprob), "top_logprobs": [_token(t, v) for t, v in e.top]} for e in entries]
+        content = [{**_token(e), "top_logprobs": [_token(t) for t in e.top]} for e in entries]
         return {"content": content}
     offsets = list(itertools.accumulate((len(e.token) for e in entries), initial=offset))[:-1]
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [dict(e.top) for e in entries],
+        "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
         "text_offset": offsets,
     }
