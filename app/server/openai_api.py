@@ -105,9 +105,11 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
     """Check a decoded JSON body and tokenize its prompt. Raises `APIError`."""
     body = check_body(body, info)
     _refuse_unsupported(body)
-    options = body.get("stream_options")
+    stream, options = flag(body, "stream"), body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise APIError("'stream_options' must be an object", param="stream_options", code="invalid_type")
+    if options is not None and not stream:  # as OpenAI: options of a stream that is not there
+        raise APIError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
     tools = _offered_tools(body, chat)
     prompt = chat_prompt(body, info.tokenizer, tools=tools) if chat else text_prompt(body, info.tokenizer)
     if not prompt:
@@ -117,7 +119,7 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
         prompt=prompt,
         max_tokens=token_budget(body, info, len(prompt)),
         stop=stop_strings(body),
-        stream=flag(body, "stream"),
+        stream=stream,
         include_usage=flag(options or {}, "include_usage"),
         logprobs=_logprobs(body, chat),
         **(reply_format(info.tokenizer, prompt, tools) if chat else {}),
