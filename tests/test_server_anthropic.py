@@ -119,6 +119,7 @@ def test_bad_requests_get_anthropic_errors(client, live):
     bad = [
         ({"messages": user("hi")}, "max_tokens"),
         ({"messages": user("hi"), "max_tokens": 8, "temperature": -1}, "temperature"),
+        ({"messages": user("hi"), "max_tokens": 8, "temperature": 1.5}, "temperature"),  # Anthropic's range: 0..1
         ({"messages": user("hi"), "max_tokens": 8, "tools": [{"name": "f"}]}, "tools"),
         ({"messages": [{"role": "system", "content": "hi"}], "max_tokens": 8}, "role"),
         ({"messages": user("hi"), "max_tokens": 8, "stop_sequences": [3]}, "stop_sequences"),

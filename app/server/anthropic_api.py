@@ -48,6 +48,8 @@ ROLES = {"user": "user", "assistant": "assistant"}
 TURN_ROLES = {**ROLES, "tool": "tool"}
 #: The worker's finish reasons as Anthropic's stop reasons.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "cancelled": "end_turn"}
+#: Anthropic's upper bound on `temperature` (its range is 0..1; OpenAI's goes to 2).
+MAX_TEMPERATURE = 1.0
 #: Anthropic's error types by HTTP status.
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
 
@@ -171,7 +173,7 @@ def parse_messages(body: Any, info: ModelInfo) -> CompletionRequest:
         model=info.id,
         id="msg_" + uuid.uuid4().hex[:24],
         created=int(time.time()),
-        options=decode_options(body, info.options),
+        options=decode_options(body, info.options, MAX_TEMPERATURE),
     )
 
 

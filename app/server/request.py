@@ -30,7 +30,7 @@ __all__ = [
 
 #: Request fields by `DecodeOptions` field, where OpenAI names them differently.
 API_NAMES = {"temp": "temperature"}
-#: OpenAI's upper bound on `temperature` (Anthropic's is 1): above it the text is noise.
+#: OpenAI's upper bound on `temperature` (Anthropic's is 1, `anthropic_api`): above it the text is noise.
 MAX_TEMPERATURE = 2.0
 MAX_STOP = 16
 
@@ -175,13 +175,13 @@ def token_budget(body: dict, info: ModelInfo, prompt_tokens: int, *, required: b
     return min(value, info.context_length - prompt_tokens)
 
 
-def decode_options(body: dict, server: DecodeOptions) -> DecodeOptions:
+def decode_options(body: dict, server: DecodeOptions, max_temperature: float = MAX_TEMPERATURE) -> DecodeOptions:
     """The server's options with the request's sampling fields (OpenAI's and Anthropic's
-    defaults: temperature 1, at most `MAX_TEMPERATURE`; top_k -1 means off; any seed is
-    taken modulo 2**63)."""
+    defaults: temperature 1, at most `max_temperature`, the API's own bound; top_k -1
+    means off; any seed is taken modulo 2**63)."""
     top_k, seed, temp = integer(body, "top_k"), integer(body, "seed"), _number(body, "temperature", 1.0)
-    if temp > MAX_TEMPERATURE:
-        raise APIError(f"'temperature' must be at most {MAX_TEMPERATURE:g}, got {temp:g}", param="temperature")
+    if temp > max_temperature:
+        raise APIError(f"'temperature' must be at most {max_temperature:g}, got {temp:g}", param="temperature")
     sampling = dict(
         temp=temp,
         top_p=_number(body, "top_p", 1.0),
