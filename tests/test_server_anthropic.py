@@ -123,6 +123,7 @@ def test_bad_requests_get_anthropic_errors(client, live):
         ({"messages": user("hi"), "max_tokens": 8, "tools": [{"name": "f"}]}, "tools"),
         ({"messages": [{"role": "system", "content": "hi"}], "max_tokens": 8}, "role"),
         ({"messages": user("hi"), "max_tokens": 8, "stop_sequences": [3]}, "stop_sequences"),
+        ({"messages": user("hi"), "max_tokens": 8, "stop_sequences": "END"}, "stop_sequences"),  # a list only
         ({"messages": [*user("hi"), {"role": "assistant", "content": [CALL]}], "max_tokens": 8}, "content[0].input"),
         ({"messages": [*user("hi"), {"role": "assistant", "content": [NAMELESS]}], "max_tokens": 8}, "content[0].name"),
     ]

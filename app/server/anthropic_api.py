@@ -167,7 +167,7 @@ def parse_messages(body: Any, info: ModelInfo) -> CompletionRequest:
         chat=True,
         prompt=prompt,
         max_tokens=token_budget(body, info, len(prompt), required=True),
-        stop=stop_strings(body, "stop_sequences"),
+        stop=stop_strings(body, "stop_sequences", lone=False),
         stream=flag(body, "stream"),
         **reply_format(info.tokenizer, prompt, tools),
         model=info.id,

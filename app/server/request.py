@@ -124,12 +124,14 @@ def flag(body: dict, name: str) -> bool:
     return value
 
 
-def stop_strings(body: dict, name: str = "stop") -> list[str]:
-    """The stop strings in field `name` (a string or a list of them)."""
+def stop_strings(body: dict, name: str = "stop", *, lone: bool = True) -> list[str]:
+    """The stop strings in field `name`: a list of strings or, where `lone` (OpenAI's
+    `stop`; Anthropic's `stop_sequences` is a list only), one string."""
     value = body.get(name)
-    stops = [] if value is None else [value] if isinstance(value, str) else value
+    stops = [] if value is None else [value] if lone and isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise APIError(f"'{name}' must be a string or a list of strings", param=name, code="invalid_type")
+        kind = "a string or a list of strings" if lone else "a list of strings"
+        raise APIError(f"'{name}' must be {kind}", param=name, code="invalid_type")
     if len(stops) > MAX_STOP:
         raise APIError(f"'{name}' takes at most {MAX_STOP} strings", param=name)
     return [s for s in stops if s]
