@@ -102,6 +102,19 @@ def _tool_call(block: dict, where: str) -> dict:
     return {"id": block.get("id"), "type": "function", "function": function}
 
 
+def _tool_message(block: dict, where: str) -> dict:
+    """A `tool_result` block (at `where`) as an OpenAI tool message, answering the call
+    its `tool_use_id` names (required, as Anthropic's)."""
+    if not isinstance(block.get("tool_use_id"), str):
+        raise APIError(
+            f"'{where}.tool_use_id' must be a string: the id of the tool_use it answers",
+            param=f"{where}.tool_use_id",
+            code="invalid_type",
+        )
+    content = text_content(block.get("content", ""), f"{where}.content")
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
+
+
 def _openai_turns(message: Any, i: int) -> list[dict]:
     """One Messages turn as OpenAI-shaped chat messages: a user's `tool_result` blocks
     become tool messages, an assistant's `tool_use` blocks its `tool_calls`; earlier
@@ -112,11 +125,7 @@ def _openai_turns(message: Any, i: int) -> list[dict]:
         raise APIError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{where}.role")
     content = _blocks(message.get("content"), f"{where}.content")
     blocks = [b for b in content if b.get("type") != "thinking"]
-    turns = [
-        {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text_content(b.get("content", ""), where)}
-        for b in blocks
-        if b.get("type") == "tool_result"
-    ]
+    turns = [_tool_message(b, f"{where}.content[{j}]") for j, b in enumerate(content) if b.get("type") == "tool_result"]
     calls = [_tool_call(b, f"{where}.content[{j}]") for j, b in enumerate(content) if b.get("type") == "tool_use"]
     text = [b for b in blocks if b.get("type") not in ("tool_result", "tool_use")]
     if text or calls or not turns:
