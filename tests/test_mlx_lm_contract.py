@@ -52,6 +52,9 @@ NAMES = {
     "mlx_lm.tokenizer_utils:TokenizerWrapper.think_start": property,
     "mlx_lm.tokenizer_utils:TokenizerWrapper.think_end": property,
     "mlx_lm.tokenizer_utils:StreamingDetokenizer.last_segment": property,
+    # a logprob's bytes are read from the piece table (`tokenmap`) of these two
+    "mlx_lm.tokenizer_utils:SPMStreamingDetokenizer": type,
+    "mlx_lm.tokenizer_utils:BPEStreamingDetokenizer": type,
 }
 
 #: Calls as our code makes them ("module:function"): positional arguments, then keywords
@@ -69,6 +72,7 @@ CALLS = {
     "mlx_lm.tokenizer_utils:StreamingDetokenizer.reset": "(self)",
     "mlx_lm.tokenizer_utils:StreamingDetokenizer.add_token": "(self, token)",
     "mlx_lm.tokenizer_utils:StreamingDetokenizer.finalize": "(self)",
+    "mlx_lm.tokenizer_utils:_byte_decoder": "()",  # GPT-2's byte-level alphabet, back to bytes
     "mlx_lm.utils:sharded_load": "(path, pipeline_group=, tensor_group=)",
     "mlx_lm.utils:load_model": "(path, lazy=, strict=)",
     "mlx_lm.generate:maybe_quantize_kv_cache": "(cache, quantized_kv_start, kv_group_size, kv_bits)",

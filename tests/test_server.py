@@ -46,6 +46,7 @@ BAD = [
     ({"messages": "hi"}, 400, "messages"),
     ({"messages": []}, 400, "messages"),
     ({"messages": user("hi"), "stream": "yes"}, 400, "stream"),
+    ({"messages": user("hi"), "stream_options": {"include_usage": True}}, 400, "stream_options"),  # no stream
     ({"messages": user("hi"), "stop": 3}, 400, "stop"),
     ({"messages": user("hi"), "n": 2}, 400, "n"),
     ({"messages": user("hi"), "tools": [{"type": "function"}]}, 400, "tools"),

@@ -23,6 +23,9 @@ GREEDY = {"extra_body": {"temperature": 0}}
 #: tool_use blocks that are not: an `input` that is no object, a call with no `name`.
 CALL = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": "x"}
 NAMELESS = {"type": "tool_use", "id": "toolu_1", "input": {}}
+#: A call, and a tool_result that does not say which call it answers (no `tool_use_id`).
+CALLED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{**CALL, "input": {}}]}]
+UNANSWERED = {"role": "user", "content": [{"type": "tool_result", "content": "42"}]}
 
 
 def user(text: str) -> list[dict]:
@@ -119,11 +122,14 @@ def test_bad_requests_get_anthropic_errors(client, live):
     bad = [
         ({"messages": user("hi")}, "max_tokens"),
         ({"messages": user("hi"), "max_tokens": 8, "temperature": -1}, "temperature"),
+        ({"messages": user("hi"), "max_tokens": 8, "temperature": 1.5}, "temperature"),  # Anthropic's range: 0..1
         ({"messages": user("hi"), "max_tokens": 8, "tools": [{"name": "f"}]}, "tools"),
         ({"messages": [{"role": "system", "content": "hi"}], "max_tokens": 8}, "role"),
         ({"messages": user("hi"), "max_tokens": 8, "stop_sequences": [3]}, "stop_sequences"),
+        ({"messages": user("hi"), "max_tokens": 8, "stop_sequences": "END"}, "stop_sequences"),  # a list only
         ({"messages": [*user("hi"), {"role": "assistant", "content": [CALL]}], "max_tokens": 8}, "content[0].input"),
         ({"messages": [*user("hi"), {"role": "assistant", "content": [NAMELESS]}], "max_tokens": 8}, "content[0].name"),
+        ({"messages": [*CALLED, UNANSWERED], "max_tokens": 8}, "messages[2].content[0].tool_use_id"),
     ]
     for body, field in bad:
         r = httpx.post(f"{live}/v1/messages", json={"model": MODEL, **body}, timeout=60)

@@ -3,16 +3,23 @@ through the official `openai` client against a real uvicorn server on loopback.
 
 Each committed token's log-probability and its top alternatives must be the target's own,
 as plain mlx-lm computes them (`response.logprobs`, float32) at T=0, within 1e-3 -- tokens
-the drafter proposed and the target accepted included.
+the drafter proposed and the target accepted included. Each token's `bytes` are its own,
+so that a reply's tokens join to its UTF-8 (SmolLM2's byte-level BPE, and a tiny
+SentencePiece-style tokenizer's byte-fallback pieces).
 """
 
 from __future__ import annotations
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import httpx
+import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from tokenizers import Tokenizer, decoders, models, normalizers
+from transformers import PreTrainedTokenizerFast
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -111,3 +118,42 @@ def test_bad_logprobs_name_the_field(live, route, body, param):
     inputs = {"messages": [{"role": "user", "content": "hi"}]} if route.startswith("chat") else {"prompt": "hi"}
     r = httpx.post(f"{live}/v1/{route}", json={**inputs, **body, "max_tokens": 2}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param and param in r.json()["error"]["message"]
+
+
+def test_token_bytes_join_to_the_reply(client):
+    """SmolLM2's byte-level BPE writes each character of 日本語 in two or three tokens: a
+    token's `bytes` are its own (not U+FFFD's), so a reply's tokens join to its UTF-8."""
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Repeat after me: 日本語"}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+    )
+    text, content = reply.choices[0].message.content, reply.choices[0].logprobs.content
+    assert "日本語" in text and any(e.token == "\ufffd" for e in content)  # characters split across tokens
+    assert b"".join(bytes(e.bytes) for e in content) == text.encode()
+    assert all(e.top_logprobs[0].bytes == e.bytes for e in content)  # greedy: each token is its top alternative
+
+
+def test_byte_fallback_bytes_join_to_the_text(tmp_path):
+    """A SentencePiece-style tokenizer without the pieces of 日 writes its bytes as <0xNN> pieces."""
+    from app.server.jobs import token_logprob
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "\u2581": 257, "b": 258, "\u2581b": 259}
+    spm = Tokenizer(models.BPE(vocab, [("\u2581", "b")], unk_token="<unk>", byte_fallback=True))
+    spm.normalizer = normalizers.Replace(" ", "\u2581")
+    spm.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    PreTrainedTokenizerFast(tokenizer_object=spm, unk_token="<unk>").save_pretrained(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    assert isinstance(tokenizer.detokenizer, SPMStreamingDetokenizer)  # mlx-lm reads it as SentencePiece
+    ids = tokenizer.encode("日 b", add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(ids) == ["<0xE6>", "<0x97>", "<0xA5>", "\u2581b"]
+    logprobs = mx.full((len(tokenizer),), -9.0)
+    logprobs[ids[:2]] = mx.array([-0.1, -0.2])  # the top two: <0xE6>, <0x97>
+    entries = [token_logprob(tokenizer, i, logprobs, 2) for i in ids]
+    assert b"".join(e.raw for e in entries) == "日 b".encode()
+    assert all([t.raw for t in e.top] == [b"\xe6", b"\x97"] for e in entries)

@@ -48,6 +48,8 @@ ROLES = {"user": "user", "assistant": "assistant"}
 TURN_ROLES = {**ROLES, "tool": "tool"}
 #: The worker's finish reasons as Anthropic's stop reasons.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "cancelled": "end_turn"}
+#: Anthropic's upper bound on `temperature` (its range is 0..1; OpenAI's goes to 2).
+MAX_TEMPERATURE = 1.0
 #: Anthropic's error types by HTTP status.
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
 
@@ -100,6 +102,19 @@ def _tool_call(block: dict, where: str) -> dict:
     return {"id": block.get("id"), "type": "function", "function": function}
 
 
+def _tool_message(block: dict, where: str) -> dict:
+    """A `tool_result` block (at `where`) as an OpenAI tool message, answering the call
+    its `tool_use_id` names (required, as Anthropic's)."""
+    if not isinstance(block.get("tool_use_id"), str):
+        raise APIError(
+            f"'{where}.tool_use_id' must be a string: the id of the tool_use it answers",
+            param=f"{where}.tool_use_id",
+            code="invalid_type",
+        )
+    content = text_content(block.get("content", ""), f"{where}.content")
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
+
+
 def _openai_turns(message: Any, i: int) -> list[dict]:
     """One Messages turn as OpenAI-shaped chat messages: a user's `tool_result` blocks
     become tool messages, an assistant's `tool_use` blocks its `tool_calls`; earlier
@@ -110,11 +125,7 @@ def _openai_turns(message: Any, i: int) -> list[dict]:
         raise APIError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{where}.role")
     content = _blocks(message.get("content"), f"{where}.content")
     blocks = [b for b in content if b.get("type") != "thinking"]
-    turns = [
-        {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text_content(b.get("content", ""), where)}
-        for b in blocks
-        if b.get("type") == "tool_result"
-    ]
+    turns = [_tool_message(b, f"{where}.content[{j}]") for j, b in enumerate(content) if b.get("type") == "tool_result"]
     calls = [_tool_call(b, f"{where}.content[{j}]") for j, b in enumerate(content) if b.get("type") == "tool_use"]
     text = [b for b in blocks if b.get("type") not in ("tool_result", "tool_use")]
     if text or calls or not turns:
@@ -165,13 +176,13 @@ def parse_messages(body: Any, info: ModelInfo) -> CompletionRequest:
         chat=True,
         prompt=prompt,
         max_tokens=token_budget(body, info, len(prompt), required=True),
-        stop=stop_strings(body, "stop_sequences"),
+        stop=stop_strings(body, "stop_sequences", lone=False),
         stream=flag(body, "stream"),
         **reply_format(info.tokenizer, prompt, tools),
         model=info.id,
         id="msg_" + uuid.uuid4().hex[:24],
         created=int(time.time()),
-        options=decode_options(body, info.options),
+        options=decode_options(body, info.options, MAX_TEMPERATURE),
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, _byte_decoder
 
 from app.model_thread import Failed
 from app.server.openai_api import TokenLogprob
@@ -151,15 +152,39 @@ class Job:
             self.cancel()
 
 
+#: SentencePiece's word boundary, a space in the text.
+SPM_SPACE = "\u2581".encode()
+
+
+def _token_bytes(tokenizer: Any, detokenizer: Any, token: int) -> bytes:
+    """The bytes `token` adds to a reply, read from its piece as mlx-lm's streaming
+    `detokenizer` reads it: a byte-fallback piece (SentencePiece's <0xNN>) is its byte, a
+    byte-level BPE piece (GPT-2's alphabet) the bytes its characters stand for. Other
+    tokenizers (and ids past the vocabulary) give their decoded text's."""
+    pieces = detokenizer.tokenmap if isinstance(detokenizer, (SPMStreamingDetokenizer, BPEStreamingDetokenizer)) else ()
+    if token >= len(pieces):
+        return tokenizer.decode([token]).encode()
+    piece = pieces[token]
+    if isinstance(piece, bytes):  # SentencePiece's, with <0xNN> pieces already their byte
+        return piece.replace(SPM_SPACE, b" ")
+    alphabet = _byte_decoder()
+    return b"".join(bytes([alphabet[c]]) if c in alphabet else c.encode() for c in piece)
+
+
 def token_logprob(tokenizer: Any, token: int, logprobs: mx.array, top: int) -> TokenLogprob:
     """The target's log-probability of `token` (from `logprobs` (V,), the log-softmax of
     the target's logits there, as in mlx-lm) and its `top` alternatives."""
+    detokenizer = tokenizer.detokenizer  # a fresh copy that shares mlx-lm's piece table
+
+    def entry(i: int, value: float, alternatives: tuple = ()) -> TokenLogprob:
+        return TokenLogprob(tokenizer.decode([i]), _token_bytes(tokenizer, detokenizer, i), value, alternatives)
+
     alternatives: tuple = ()
     if top:
         ids = mx.argpartition(-logprobs, top - 1)[:top]
         ranked = sorted(zip(logprobs[ids].tolist(), ids.tolist()), reverse=True)
-        alternatives = tuple((tokenizer.decode([i]), value) for value, i in ranked)
-    return TokenLogprob(tokenizer.decode([token]), logprobs[token].item(), alternatives)
+        alternatives = tuple(entry(i, value) for value, i in ranked)
+    return entry(token, logprobs[token].item(), alternatives)
 
 
 def stop_hit(whole: str, sent: str, stops: Sequence[str]) -> Optional[str]:

@@ -105,9 +105,11 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
     """Check a decoded JSON body and tokenize its prompt. Raises `APIError`."""
     body = check_body(body, info)
     _refuse_unsupported(body)
-    options = body.get("stream_options")
+    stream, options = flag(body, "stream"), body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise APIError("'stream_options' must be an object", param="stream_options", code="invalid_type")
+    if options is not None and not stream:  # as OpenAI: options of a stream that is not there
+        raise APIError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
     tools = _offered_tools(body, chat)
     prompt = chat_prompt(body, info.tokenizer, tools=tools) if chat else text_prompt(body, info.tokenizer)
     if not prompt:
@@ -117,7 +119,7 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
         prompt=prompt,
         max_tokens=token_budget(body, info, len(prompt)),
         stop=stop_strings(body),
-        stream=flag(body, "stream"),
+        stream=stream,
         include_usage=flag(options or {}, "include_usage"),
         logprobs=_logprobs(body, chat),
         **(reply_format(info.tokenizer, prompt, tools) if chat else {}),
@@ -130,12 +132,14 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token (its text), its log-probability under the target, and the top
-    alternatives there as (text, log-probability), most likely first."""
+    """A generated token (its text and its own bytes: a token that holds part of a UTF-8
+    character decodes to U+FFFD), its log-probability under the target, and the top
+    alternatives there, most likely first."""
 
     token: str
+    raw: bytes
     logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[TokenLogprob, ...] = ()
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -249,8 +253,8 @@ def piece_chunks(req: CompletionRequest, pieces: Sequence[Piece], logprobs: Opti
     return chunks or ([chunk(req, "", logprobs=logprobs)] if logprobs else [])
 
 
-def _token(token: str, logprob: float) -> dict:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+def _token(entry: TokenLogprob) -> dict:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.raw)}
 
 
 def logprobs_body(req: CompletionRequest, entries: Sequence[TokenLogprob], offset: int = 0) -> Optional[dict]:
@@ -261,12 +265,12 @@ def logprobs_body(req: CompletionRequest, entries: Sequence[TokenLogprob], offse
     if req.logprobs is None:
         return None
     if req.chat:
-        content = [{**_token(e.token, e.logprob), "top_logprobs": [_token(t, v) for t, v in e.top]} for e in entries]
+        content = [{**_token(e), "top_logprobs": [_token(t) for t in e.top]} for e in entries]
         return {"content": content}
     offsets = list(itertools.accumulate((len(e.token) for e in entries), initial=offset))[:-1]
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [dict(e.top) for e in entries],
+        "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
         "text_offset": offsets,
     }

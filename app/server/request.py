@@ -30,7 +30,7 @@ __all__ = [
 
 #: Request fields by `DecodeOptions` field, where OpenAI names them differently.
 API_NAMES = {"temp": "temperature"}
-#: OpenAI's upper bound on `temperature` (Anthropic's is 1): above it the text is noise.
+#: OpenAI's upper bound on `temperature` (Anthropic's is 1, `anthropic_api`): above it the text is noise.
 MAX_TEMPERATURE = 2.0
 MAX_STOP = 16
 
@@ -124,12 +124,14 @@ def flag(body: dict, name: str) -> bool:
     return value
 
 
-def stop_strings(body: dict, name: str = "stop") -> list[str]:
-    """The stop strings in field `name` (a string or a list of them)."""
+def stop_strings(body: dict, name: str = "stop", *, lone: bool = True) -> list[str]:
+    """The stop strings in field `name`: a list of strings or, where `lone` (OpenAI's
+    `stop`; Anthropic's `stop_sequences` is a list only), one string."""
     value = body.get(name)
-    stops = [] if value is None else [value] if isinstance(value, str) else value
+    stops = [] if value is None else [value] if lone and isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise APIError(f"'{name}' must be a string or a list of strings", param=name, code="invalid_type")
+        kind = "a string or a list of strings" if lone else "a list of strings"
+        raise APIError(f"'{name}' must be {kind}", param=name, code="invalid_type")
     if len(stops) > MAX_STOP:
         raise APIError(f"'{name}' takes at most {MAX_STOP} strings", param=name)
     return [s for s in stops if s]
@@ -175,13 +177,13 @@ def token_budget(body: dict, info: ModelInfo, prompt_tokens: int, *, required: b
     return min(value, info.context_length - prompt_tokens)
 
 
-def decode_options(body: dict, server: DecodeOptions) -> DecodeOptions:
+def decode_options(body: dict, server: DecodeOptions, max_temperature: float = MAX_TEMPERATURE) -> DecodeOptions:
     """The server's options with the request's sampling fields (OpenAI's and Anthropic's
-    defaults: temperature 1, at most `MAX_TEMPERATURE`; top_k -1 means off; any seed is
-    taken modulo 2**63)."""
+    defaults: temperature 1, at most `max_temperature`, the API's own bound; top_k -1
+    means off; any seed is taken modulo 2**63)."""
     top_k, seed, temp = integer(body, "top_k"), integer(body, "seed"), _number(body, "temperature", 1.0)
-    if temp > MAX_TEMPERATURE:
-        raise APIError(f"'temperature' must be at most {MAX_TEMPERATURE:g}, got {temp:g}", param="temperature")
+    if temp > max_temperature:
+        raise APIError(f"'temperature' must be at most {max_temperature:g}, got {temp:g}", param="temperature")
     sampling = dict(
         temp=temp,
         top_p=_number(body, "top_p", 1.0),
