@@ -31,14 +31,13 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import exclusive_lock
-from ..config import check_config
-from ..drafter import Drafter, check_fit
+from ..drafter import Drafter
 from ..drafters import load_drafter_dir
 from ..targets import make_target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
 from .threads import ThreadControl
-from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
+from .initialize import new_drafter, rms_fc_init, warm_start
 from .checkpoint import TrainArgs, TrainState, open_log, save_checkpoint
 from .schedule import budget_spent, lr_at
 from .progress import Meter, StepBar, count_bar
@@ -70,7 +69,7 @@ class Trainer:
             saved = json.loads((ck / "state.json").read_text())
             self.state = TrainState.from_dict(saved)
         else:
-            self.drafter = self._new_drafter()
+            self.drafter = new_drafter(args, model, self.tokenizer)
             self.state = TrainState()
         self.cfg = self.drafter.config
         self.target = make_target(model, self.cfg.target_layer_ids)
@@ -145,33 +144,6 @@ class Trainer:
         self.seqs = [s for s in seqs if s[0] in self.store]  # all of them unless --feature-chunk
         self.state.featured = max(self.state.featured, len(self.seqs))
         self.data_seconds += time.process_time() - cpu
-
-    def _new_drafter(self) -> Drafter:
-        """The drafter a fresh run starts from (its first weights: `_initialize`), checked
-        against the target."""
-        a, target = self.args, make_target(self.model)
-        if a.init_from:
-            drafter = init_from(a.init_from, a.block_size, a.dflash2_fields())
-        else:
-            mask_id = a.mask_token_id if a.mask_token_id is not None else default_mask_token_id(self.tokenizer)
-            cfg = make_config(
-                target,
-                num_layers=a.num_layers,
-                target_layer_ids=a.target_layer_ids,
-                block_size=a.block_size,
-                mask_token_id=mask_id,
-                intermediate_size=a.intermediate_size,
-                dflash2=a.dflash2_fields(),
-            )
-            check_config(cfg)
-            mx.random.seed(a.seed)
-            drafter = cfg.make_drafter()
-            neutral_dflash2(drafter)
-            mx.eval(drafter.parameters())
-        check_fit(
-            drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
-        )
-        return drafter
 
     def _initialize(self) -> None:
         if self.args.init_from:
