@@ -52,6 +52,7 @@ def test_two_ranks_train_in_lockstep(tmp_path):
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     assert all(r["world"] == 2 for r in ranks)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]  # identical weights after training
+    assert ranks[0]["average_checksum"] == ranks[1]["average_checksum"] != ranks[0]["checksum"]  # and average
     losses = next(r["losses"] for r in ranks if r["rank"] == 0)
     assert losses[-1] < losses[0]
     assert (tmp_path / "drafter" / "model.safetensors").is_file()  # rank 0 wrote the drafter

@@ -2,9 +2,10 @@
 
 A tiny random llama target writes its own greedy answers; every rank trains the same
 drafter on its share of each batch, with gradients averaged over ranks by
-`nn.average_gradients` (an `mx.distributed.all_sum`). Each rank prints one JSON line:
-its rank, the world size, a checksum of its final weights and its loss history. Equal
-checksums on all ranks show the ranks stayed in lockstep.
+`nn.average_gradients` (an `mx.distributed.all_sum`), and keeps the weights' moving
+average (`--ema`). Each rank prints one JSON line: its rank, the world size, checksums of
+its final weights and of their average, and its loss history. Equal checksums on all
+ranks show the ranks stayed in lockstep.
 
 Usage: PATH=.venv/bin:$PATH mlx.launch -n 2 --backend ring python tests/train_distributed_worker.py OUT_DIR [TIME_LIMIT]
 
@@ -58,17 +59,18 @@ def main(out_dir: str, time_limit: Optional[float] = None) -> None:
             log_every=1,
             checkpoint_every=1000,
             seed=0,
+            ema=0.99,
         ),
         log=lambda s: None,
     )
     drafter = drafters.load_drafter_dir(out / "drafter") if group.rank() == 0 else None
-    flat = np.concatenate([np.array(v).ravel() for _, v in tree_flatten(_live_params(result))])
     print(
         json.dumps(
             {
                 "rank": group.rank(),
                 "world": group.size(),
-                "checksum": float(np.abs(flat).sum()),
+                "checksum": _checksum(v for _, v in tree_flatten(result["drafter"].parameters())),
+                "average_checksum": _checksum(result["average"].weights.values()),
                 "steps": result["step"],
                 "losses": [h["loss"] for h in result["history"]],
                 "saved": drafter is not None,
@@ -78,8 +80,8 @@ def main(out_dir: str, time_limit: Optional[float] = None) -> None:
     )
 
 
-def _live_params(result):
-    return result["drafter"].parameters()
+def _checksum(arrays) -> float:
+    return float(np.abs(np.concatenate([np.array(v).ravel() for v in arrays])).sum())
 
 
 if __name__ == "__main__":

@@ -215,6 +215,15 @@ TRAIN_OPTIONS = [
     ("adam_beta2", float, 0.95, ["--adam-beta2"], "AdamW beta2 (0.95: short runs escape the unigram plateau)."),
     ("grad_clip", float, 1.0, ["--grad-clip"], None),
     (
+        "ema",
+        Optional[float],
+        None,
+        ["--ema"],
+        "Keep an exponential moving average of the weights with this decay, in (0, 1) (0.998 for the long "
+        "run): the held-out evaluations measure it and OUT's drafter is it; the checkpoint keeps the raw "
+        "weights beside it. Off by default.",
+    ),
+    (
         "loss_vocab",
         str,
         "full",

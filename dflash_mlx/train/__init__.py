@@ -11,6 +11,7 @@
 - `objective`: anchored blocks, the block-parallel forward, the losses;
 - `loop`: optimiser, schedule, checkpoints and exact resume (`dflash train`);
 - `checkpoint`: the run's arguments and state, its checkpoint and compact resume point;
+- `average`: the moving average of the drafter's weights (`dflash train --ema`);
 - `progress`: the running numbers between log lines and the progress bars;
 - `threads`: OpenBLAS threads, fixed or following the shared CPU lock (`--threads auto`);
 - `evaluate`: acceptance length on held-out prompts (`dflash eval`);

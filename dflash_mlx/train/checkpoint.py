@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional, TextIO
@@ -20,6 +21,7 @@ from ..atomic import atomic_directory, write_text_atomic
 from ..drafter import Drafter
 from ..drafter2 import DFLASH2_FIELDS
 from ..drafters import drafter_files, write_drafter_files
+from .average import AVERAGE_FILE, WeightAverage
 
 
 @dataclass
@@ -61,6 +63,7 @@ class TrainArgs:
     weight_decay: float = 0.01
     adam_beta2: float = 0.95  # 0.999 lets the huge first gradients freeze later steps
     grad_clip: float = 1.0
+    ema: Optional[float] = None  # decay of the weights' moving average (see `average`); None: none
     loss_vocab: str = "full"  # "full", or "sampled": the batch's labels + teacher tokens + negatives
     negatives: int = 2048  # with loss_vocab "sampled": other tokens drawn afresh each step
     checkpoint_every: int = 200  # steps
@@ -94,8 +97,8 @@ class TrainArgs:
                 raise ValueError(f"{flag} must be above {_ABOVE[name]}, got {value}")
             if name in _WITHIN and not _WITHIN[name][0] <= value <= _WITHIN[name][1]:
                 raise ValueError(f"{flag} must be within [{_WITHIN[name][0]}, {_WITHIN[name][1]}], got {value}")
-        if not self.adam_beta2 < 1:  # 1: the second moments never move from zero
-            raise ValueError(f"--adam-beta2 must be below 1, got {self.adam_beta2}")
+            if name in _BELOW and not value < _BELOW[name]:
+                raise ValueError(f"{flag} must be below {_BELOW[name]}, got {value}")
         if self.feature_chunk and self.feature_chunk < self.batch_size:
             raise ValueError(f"--feature-chunk must be 0 or at least --batch-size ({self.batch_size})")
 
@@ -110,8 +113,12 @@ _AT_LEAST = {  # the least value (0 for eval_prompts and eval_minutes: no evalua
     "block_size": 2,
     "max_len": 2,
 }
-_ABOVE = dict.fromkeys(("gamma", "epochs", "time_limit", "core_hours", "lr", "grad_clip", "checkpoint_minutes"), 0)
+_ABOVE = dict.fromkeys(
+    ("gamma", "epochs", "time_limit", "core_hours", "lr", "grad_clip", "checkpoint_minutes", "ema"), 0
+)
 _WITHIN = dict.fromkeys(("distill", "warmup", "min_lr_ratio", "adam_beta2"), (0, 1))
+# 1: AdamW's second moments never move from zero; the weight average never moves from its start
+_BELOW = {"adam_beta2": 1, "ema": 1}
 
 
 @dataclass
@@ -136,20 +143,29 @@ class TrainState:
 
 
 def save_checkpoint(
-    out: Path, drafter: Drafter, optimizer: optim.Optimizer, state: TrainState, args: TrainArgs
+    out: Path,
+    drafter: Drafter,
+    optimizer: optim.Optimizer,
+    state: TrainState,
+    args: TrainArgs,
+    average: Optional[WeightAverage] = None,
 ) -> None:
-    """`out` stays a loadable drafter; `out/checkpoint` (also a drafter) adds the optimiser
-    and the state. The checkpoint directory is replaced whole, so a crash mid-write leaves
-    the previous one."""
+    """`out` stays a loadable drafter (with `average`, `--ema`: the average, in the drafter's
+    dtype); `out/checkpoint` (also a drafter: the raw weights, which training goes on from)
+    adds the optimiser, the average and the state. The checkpoint directory is replaced
+    whole, so a crash mid-write leaves the previous one."""
+    weights, config = drafter_files(drafter)
     with atomic_directory(out / "checkpoint", overwrite=True) as tmp:
-        write_drafter_files(tmp, *drafter_files(drafter))
+        write_drafter_files(tmp, weights, config)
         # not *.safetensors: the checkpoint directory itself stays a loadable drafter
         mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(optimizer.state)))
+        if average is not None:
+            average.save(tmp / AVERAGE_FILE)
         (tmp / "state.json").write_text(json.dumps({**asdict(state), "args": asdict(args)}, indent=2) + "\n")
-    ck = out / "checkpoint"
-    for name in ("config.json", "model.safetensors"):
-        shutil.copyfile(ck / name, out / f".{name}.tmp")
-        os.replace(out / f".{name}.tmp", out / name)
+    with tempfile.TemporaryDirectory(prefix=".drafter-", dir=out) as staged:  # each file replaced whole
+        write_drafter_files(Path(staged), average.delivered(weights) if average else weights, config)
+        for name in ("config.json", "model.safetensors"):
+            os.replace(Path(staged) / name, out / name)
     if args.resume_point:
         save_resume_point(out, Path(args.resume_point))
 
@@ -172,8 +188,9 @@ def save_resume_point(out: Path, dest: Path) -> None:
     """Copy `out`'s checkpoint into `dest` compactly, for a run that must survive a new
     machine: the weights in float16, AdamW's moments in bfloat16 (float16 would flush the
     second moments, ~1e-10, to zero), the state, and the run's log (its held-out tau
-    against core-hours). About 3/4 smaller than the checkpoint; `restore_resume_point`
-    turns it back into one. Replaced whole, like the checkpoint."""
+    against core-hours); not the weight average (`--ema`), which a run restored from it
+    starts afresh. About 3/4 smaller than the checkpoint; `restore_resume_point` turns it
+    back into one. Replaced whole, like the checkpoint."""
     ck = out / "checkpoint"
     weights = {k: v.astype(mx.float16) for k, v in mx.load(str(ck / "model.safetensors")).items()}
     moments = {k: v.astype(mx.bfloat16) if v.size > 1 else v for k, v in mx.load(str(ck / "optimizer.npz")).items()}

@@ -18,17 +18,21 @@ a DFlash2 drafter that drafts exactly the same tokens at step 0.
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
 from ..config import check_config
-from ..drafter import Drafter, DrafterConfig
+from ..drafter import Drafter, DrafterConfig, check_fit
 from ..drafter2 import DFLASH2_FIELDS, Drafter2, Drafter2Config
 from ..drafters import load_drafter_dir
 from ..target import Target
+from ..targets import make_target
+
+if TYPE_CHECKING:
+    from .checkpoint import TrainArgs
 
 
 def default_mask_token_id(tokenizer: Any) -> int:
@@ -215,4 +219,32 @@ def init_from(path: str, block_size: int, dflash2: Optional[dict] = None) -> Dra
     neutral_dflash2(drafter)
     drafter.load_weights(tree_flatten(source.parameters()), strict=False)
     mx.eval(drafter.parameters())
+    return drafter
+
+
+def new_drafter(args: TrainArgs, model: Any, tokenizer: Any) -> Drafter:
+    """The drafter a fresh run of `args` starts from (its first weights: `Trainer._initialize`),
+    checked against the target `model`."""
+    target = make_target(model)
+    if args.init_from:
+        drafter = init_from(args.init_from, args.block_size, args.dflash2_fields())
+    else:
+        mask_id = args.mask_token_id if args.mask_token_id is not None else default_mask_token_id(tokenizer)
+        cfg = make_config(
+            target,
+            num_layers=args.num_layers,
+            target_layer_ids=args.target_layer_ids,
+            block_size=args.block_size,
+            mask_token_id=mask_id,
+            intermediate_size=args.intermediate_size,
+            dflash2=args.dflash2_fields(),
+        )
+        check_config(cfg)
+        mx.random.seed(args.seed)
+        drafter = cfg.make_drafter()
+        neutral_dflash2(drafter)
+        mx.eval(drafter.parameters())
+    check_fit(
+        drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
+    )
     return drafter

@@ -31,14 +31,14 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import exclusive_lock
-from ..config import check_config
-from ..drafter import Drafter, check_fit
+from ..drafter import Drafter
 from ..drafters import load_drafter_dir
 from ..targets import make_target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
 from .threads import ThreadControl
-from .initialize import default_mask_token_id, init_from, make_config, neutral_dflash2, rms_fc_init, warm_start
+from .average import start_average
+from .initialize import new_drafter, rms_fc_init, warm_start
 from .checkpoint import TrainArgs, TrainState, open_log, save_checkpoint
 from .schedule import budget_spent, lr_at
 from .progress import Meter, StepBar, count_bar
@@ -70,7 +70,7 @@ class Trainer:
             saved = json.loads((ck / "state.json").read_text())
             self.state = TrainState.from_dict(saved)
         else:
-            self.drafter = self._new_drafter()
+            self.drafter = new_drafter(args, model, self.tokenizer)
             self.state = TrainState()
         self.cfg = self.drafter.config
         self.target = make_target(model, self.cfg.target_layer_ids)
@@ -97,6 +97,9 @@ class Trainer:
             synced = [(k, mx.distributed.all_sum(v) / self.world) for k, v in tree_flatten(self.drafter.parameters())]
             self.drafter.load_weights(synced)
             mx.eval(self.drafter.parameters())
+        # after the ranks' weights are made equal: every rank's average is the same
+        quiet = self.log if self.rank == 0 else (lambda line: None)  # rank 0 speaks for the run
+        self.average = start_average(args.ema, self.drafter, ck if resuming else None, quiet)
         self.total = args.max_steps or max(1, int(math.ceil(args.epochs * self.data_size / args.batch_size)))
         self.value_and_grad = nn.value_and_grad(self.drafter, self._loss)
         self._references: Optional[list[Reference]] = None  # held-out answers, made at the first evaluation
@@ -128,7 +131,7 @@ class Trainer:
                     if self.catching_up(stored, len(seqs)):
                         self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
                 if missing and save_first:
-                    save_checkpoint(self.out, self.drafter, self.optimizer, self.state, a)
+                    self.save()
                 if missing:
                     with count_bar("features", len(missing), self.args.progress, self.log) as advance:
                         fill_store(
@@ -145,33 +148,6 @@ class Trainer:
         self.seqs = [s for s in seqs if s[0] in self.store]  # all of them unless --feature-chunk
         self.state.featured = max(self.state.featured, len(self.seqs))
         self.data_seconds += time.process_time() - cpu
-
-    def _new_drafter(self) -> Drafter:
-        """The drafter a fresh run starts from (its first weights: `_initialize`), checked
-        against the target."""
-        a, target = self.args, make_target(self.model)
-        if a.init_from:
-            drafter = init_from(a.init_from, a.block_size, a.dflash2_fields())
-        else:
-            mask_id = a.mask_token_id if a.mask_token_id is not None else default_mask_token_id(self.tokenizer)
-            cfg = make_config(
-                target,
-                num_layers=a.num_layers,
-                target_layer_ids=a.target_layer_ids,
-                block_size=a.block_size,
-                mask_token_id=mask_id,
-                intermediate_size=a.intermediate_size,
-                dflash2=a.dflash2_fields(),
-            )
-            check_config(cfg)
-            mx.random.seed(a.seed)
-            drafter = cfg.make_drafter()
-            neutral_dflash2(drafter)
-            mx.eval(drafter.parameters())
-        check_fit(
-            drafter.config, num_layers=target.num_layers, hidden_size=target.hidden_size, vocab_size=target.vocab_size
-        )
-        return drafter
 
     def _initialize(self) -> None:
         if self.args.init_from:
@@ -260,6 +236,8 @@ class Trainer:
         grads, gnorm = optim.clip_grad_norm(grads, self.args.grad_clip)
         self.optimizer.update(self.drafter, grads)
         mx.eval(self.drafter.parameters(), self.optimizer.state, loss, correct, gnorm)
+        if self.average is not None:
+            self.average.update(self.drafter)
         st.seen += batch.tokens.shape[0] * self.world
         B = self.cfg.block_size
         c, v = np.array(correct).reshape(-1, B), np.array(valid).reshape(-1, B)
@@ -315,14 +293,23 @@ class Trainer:
         )
 
     def evaluation(self) -> dict:
-        """A point of the run's curve: where it is (step, time, core-hours) and its held-out tau."""
+        """A point of the run's curve: where it is (step, time, core-hours) and its held-out tau,
+        that of the weight average while --ema is on (`"weights": "ema"`)."""
         st = self.state
         where = {"step": st.step, "elapsed": round(st.elapsed, 1), "core_hours": st.core_seconds / 3600}
-        return {**where, **self.heldout_tau()}
+        if self.average is None:
+            return {**where, **self.heldout_tau()}
+        with self.average.in_use(self.drafter):
+            return {**where, **self.heldout_tau(), "weights": "ema"}
+
+    def save(self) -> None:
+        """The checkpoint, the delivered drafter and the resume point (`save_checkpoint`)."""
+        save_checkpoint(self.out, self.drafter, self.optimizer, self.state, self.args, self.average)
 
     def run(self) -> dict:
         """Train until the budget is spent, logging, evaluating and checkpointing on the way;
-        the final stats (step, elapsed, core seconds, the log's records, the drafter)."""
+        the final stats (step, elapsed, core seconds, the log's records, the drafter and its
+        weight average: None without --ema)."""
         a, st = self.args, self.state
         if self.rank == 0:
             self.log(self.describe())
@@ -363,7 +350,7 @@ class Trainer:
                         log_file.write(json.dumps(rec) + "\n")
                         log_file.flush()
                     if st.step % a.checkpoint_every == 0 or time.perf_counter() - last_ck > a.checkpoint_minutes * 60:
-                        save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
+                        self.save()
                         last_ck = time.perf_counter()
                 last = (logged + history)[-1:]  # a finished run resumed again steps no more: its end is logged
                 evaluated = bool(last) and last[0]["step"] == st.step and "heldout_tau" in last[0]
@@ -376,7 +363,7 @@ class Trainer:
                 if log_file:
                     log_file.close()
         if self.rank == 0:
-            save_checkpoint(self.out, self.drafter, self.optimizer, st, a)
+            self.save()
             self.log(f"{st.core_seconds / 3600:.3f} core-hours of training in all ({st.elapsed:.0f}s)")
         return {
             "step": st.step,
@@ -384,6 +371,7 @@ class Trainer:
             "core_seconds": st.core_seconds,
             "history": history,
             "drafter": self.drafter,
+            "average": self.average,
         }
 
 
