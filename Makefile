@@ -60,9 +60,10 @@ bench: $(RUNTIME)
 mac-check: $(DEV)
 	$(PY) tests/mac_check.py mac-check.json
 
-# The drafter's long run (BENCHMARKS.md "Training: the from-scratch long run"): from the committed resume point
-# if there is one, on the committed data, two threads while nobody holds the CPU lock, one
-# while somebody does. Each checkpoint also rewrites the resume point; commit it now and then.
+# The drafter's long run (BENCHMARKS.md "Training: the from-scratch long run"): from this machine's
+# checkpoint if it has one, else from the committed resume point if there is one, on the committed
+# data, two threads while nobody holds the CPU lock, one while somebody does. Each checkpoint also
+# rewrites the resume point; commit it now and then.
 LONG_RUN := assets/train/long-run
 resume-training: $(RUNTIME)
 	mkdir -p data/long
@@ -72,7 +73,8 @@ resume-training: $(RUNTIME)
 		--max-steps 1000000 --core-hours 12 --eval-minutes 15 --eval-prompts 40 --checkpoint-minutes 5 \
 		--target-layer-ids 1,8,14,21,28 --num-layers 1 --batch-size 4 --num-anchors 64 --loss-vocab sampled \
 		--negatives 2048 --distill 0.5 --init cold --lr 1.2e-3 --warmup 0.05 --feature-chunk 1024 --no-progress \
-		--resume-point $(LONG_RUN) $$([ -f $(LONG_RUN)/state.json ] && echo --resume-from $(LONG_RUN) || echo --resume)
+		--ema 0.998 --resume-point $(LONG_RUN) \
+		$$([ ! -f runs/long-run/checkpoint/state.json ] && [ -f $(LONG_RUN)/state.json ] && echo --resume-from $(LONG_RUN) || echo --resume)
 
 clean:
 	rm -rf $(VENV)

@@ -162,6 +162,41 @@ def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, mo
     assert (state["epoch"], state["first"], state["featured"]) == (3, 0, 8)
 
 
+def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_path, monkeypatch):
+    """A new machine stopped while computing a catch-up chunk's features (here: sequence 0
+    of chunk 0-1 stored) computes the rest of that chunk and trains on it, not a whole
+    chunk more before its first step (sequences 1-2: a pass over 0-2, chunks out of line)."""
+    import dflash_mlx.train.loop as loop
+    from dflash_mlx.train.data import load_sequences
+
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
+    train(_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
+    shutil.rmtree(data.parent / "features")
+    first = data.with_name("first.jsonl")  # beside the data: the same feature store
+    first.write_text(data.read_text().splitlines(keepends=True)[0])
+    train(_args(first, tmp_path / "scratch", max_steps=1), log=lambda s: None)  # stores sequence 0
+    assert _store_size(data) == 1
+    restore_resume_point(point, tmp_path / "again")
+
+    index = {tuple(t): i for i, (_, t, _) in enumerate(load_sequences(data))}
+    trained: list[list[int]] = []
+    make_batch = loop.make_batch
+
+    def recording(seqs, *rest):
+        trained.append(sorted(index[tuple(t)] for t, _ in seqs))
+        return make_batch(seqs, *rest)
+
+    monkeypatch.setattr(loop, "make_batch", recording)
+    lines: list[str] = []
+    train(_args(data, tmp_path / "again", max_steps=9, resume=True, **run), log=lines.append)  # 3 steps on from 6
+    assert trained == [[0, 1], [2, 3], [4, 5]]
+    assert [line for line in lines if line.startswith("features:")] == ["features: 1 sequences"] + [
+        "features: 2 sequences"
+    ] * 2
+
+
 def test_a_restart_mid_epoch_computes_no_features_even_after_the_chunk_grew(tmp_path, monkeypatch):
     """An epoch adds one chunk to what the run had featured, whatever chunk size earlier
     epochs used; a restart in the middle of an epoch computes nothing (it used to compute

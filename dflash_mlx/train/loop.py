@@ -127,9 +127,10 @@ class Trainer:
                 if a.feature_chunk:  # an epoch not begun adds a chunk to what the run had; else catch up to it
                     stored, st = len(seqs) - len(missing), self.state
                     wanted = st.featured + (a.feature_chunk if st.epoch_size == 0 and st.first == 0 else 0)
-                    missing = missing[: min(a.feature_chunk, max(0, wanted - stored))]
-                    if self.catching_up(stored, len(seqs)):
+                    if self.catching_up(stored, len(seqs)):  # the pass's chunk, begun at `first`, and no more
+                        wanted = min(wanted, st.first + a.feature_chunk)
                         self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
+                    missing = missing[: min(a.feature_chunk, max(0, wanted - stored))]
                 if missing and save_first:
                     self.save()
                 if missing:
