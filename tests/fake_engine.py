@@ -49,6 +49,7 @@ class FakeBackend:
         replies: scripted replies, used in turn (the last one repeats).
         load_error / draft_error / generate_error: exceptions to raise.
         gate: if given, every token after the first `free_tokens` waits for it to be set.
+        load_gate: if given, loading a target waits for it to be set.
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class FakeBackend:
         generate_error=None,
         gate=None,
         free_tokens=1,
+        load_gate=None,
     ):
         self.replies = list(replies)
         self.load_error = load_error
@@ -67,6 +69,7 @@ class FakeBackend:
         self.generate_error = generate_error
         self.gate = gate
         self.free_tokens = free_tokens
+        self.load_gate = load_gate
         self.threads: set[int] = set()
         self.calls: list[dict] = []  # stream_generate keyword arguments (+ prefilled)
         self.caches: list[FakeCache] = []
@@ -77,6 +80,8 @@ class FakeBackend:
 
     def load(self, path_or_repo=None):
         self._touch()
+        if self.load_gate is not None:
+            self.load_gate.wait(10)
         if self.load_error:
             raise self.load_error
         return "fake-model", FakeTokenizer()

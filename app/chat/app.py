@@ -86,7 +86,7 @@ class ChatApp(SlashCommands, App):
         self.state = "starting"  # starting | loading | ready | generating | stopping | no model
         self.tint = False
         self.reply: Reply | None = None
-        self.pending: list[str] = []  # messages sent during a reply, in order
+        self.pending: list[str] = []  # messages sent during a reply or a load, in order
         self._footer_baseline = False  # the mode the footer's keys were last shown for
         self.last: Snapshot | None = None
 
@@ -150,6 +150,11 @@ class ChatApp(SlashCommands, App):
     def busy(self) -> bool:
         return self.state in ("generating", "stopping")
 
+    @property
+    def loading(self) -> bool:
+        """A load is under way: its `Loaded` starts a new conversation."""
+        return self.state in ("starting", "loading")
+
     def follow(self) -> None:
         """Keep to the bottom once the transcript overflows (Textual's anchor).
 
@@ -202,9 +207,10 @@ class ChatApp(SlashCommands, App):
             await self.send(event.text)
 
     async def send(self, text: str) -> None:
-        if self.busy:  # sent when the reply ends (`end_reply`)
+        if self.busy or self.loading:  # sent when the reply ends or the load does (`send_pending`)
             self.pending.append(text)
-            await self.note(f"Queued: sent when this reply ends ({len(self.pending)} waiting).")
+            when = "the model has loaded" if self.loading else "this reply ends"
+            await self.note(f"Queued: sent when {when} ({len(self.pending)} waiting).")
             return
         if self.engine is None:
             return
@@ -219,7 +225,7 @@ class ChatApp(SlashCommands, App):
         self.reply = Reply(tinted=self.tint)
         await self.transcript.mount(self.reply)
         self.state = "generating"
-        self.refresh_stats("waiting for the model …" if self.model_name is None else "")
+        self.refresh_stats()
         system = [{"role": "system", "content": self.system}] if self.system else []
         self.engine.generate(system + self.messages, self.settings)
 
@@ -265,6 +271,7 @@ class ChatApp(SlashCommands, App):
             if not self.busy:
                 self.state = "ready"
             self.refresh_stats()
+            await self.send_pending()
         elif isinstance(event, Failed):
             await self.note(event.message, "error")
             if event.stage == "load":
@@ -274,11 +281,13 @@ class ChatApp(SlashCommands, App):
                 self.sub_title = "no model loaded"
                 panel.hide_progress()
                 self.refresh_stats("/load [MODEL] [DRAFT] to try again")
+                await self.send_pending()
             elif event.stage == "reload":  # the models there were are still loaded
                 panel.hide_progress()
                 if not self.busy:
                     self.state = "ready"
                 self.refresh_stats()
+                await self.send_pending()
             elif event.stage == "generate" and self.reply is not None:
                 await self.end_reply("error", None)
         elif isinstance(event, Cleared):
@@ -318,7 +327,11 @@ class ChatApp(SlashCommands, App):
             self.session.log.append(("summary", summary_line(stats, reason)))
         self.state = "ready" if self.model_name is not None else "no model"
         self.refresh_stats()
-        if self.pending:
+        await self.send_pending()
+
+    async def send_pending(self) -> None:
+        """Send the first message queued during a reply or a load (the next waits for its reply)."""
+        if self.pending and not self.busy:
             await self.send(self.pending.pop(0))
 
     # ---- actions

@@ -188,6 +188,8 @@ class SlashCommands:
         # The conversation and the model there is stay until the new one has loaded (`Loaded`).
         self.model_path, self.draft_path = model or None, draft.strip() or None
         if self.engine is not None:
+            self.state = "loading"  # a message sent from now on waits for the new conversation
+            self.refresh_stats()
             self.engine.load(self.model_path, self.draft_path, self.draft_vocab)
 
     async def cmd_quit(self, arg: str) -> None:
