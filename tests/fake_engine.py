@@ -50,6 +50,7 @@ class FakeBackend:
         load_error / draft_error / generate_error: exceptions to raise.
         gate: if given, every token after the first `free_tokens` waits for it to be set.
         load_gate: if given, loading a target waits for it to be set.
+        prefill_gate: if given, every prefill waits for it to be set (halfway: a long prompt).
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class FakeBackend:
         gate=None,
         free_tokens=1,
         load_gate=None,
+        prefill_gate=None,
     ):
         self.replies = list(replies)
         self.load_error = load_error
@@ -70,6 +72,7 @@ class FakeBackend:
         self.gate = gate
         self.free_tokens = free_tokens
         self.load_gate = load_gate
+        self.prefill_gate = prefill_gate
         self.threads: set[int] = set()
         self.calls: list[dict] = []  # stream_generate keyword arguments (+ prefilled)
         self.caches: list[FakeCache] = []
@@ -136,6 +139,10 @@ class FakeBackend:
         del prompt_cache.tokens[common:]
         if prompt_progress_callback:
             prompt_progress_callback(0, prefilled)
+            if self.prefill_gate is not None:
+                self.waiting.set()
+                self.prefill_gate.wait(10)
+                self.waiting.clear()
             prompt_progress_callback(prefilled, prefilled)
         prompt_cache.tokens.extend(prompt[common:])
         if self.generate_error:

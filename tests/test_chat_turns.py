@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from chat_pilot import REPLY, make_app, notes, run_async, say, until
+from chat_pilot import REPLY, answered, make_app, notes, run_async, say, until
 from fake_engine import FakeBackend
 
 
@@ -28,3 +28,24 @@ async def test_a_message_sent_while_the_model_loads_stays_in_the_history():
         assert "<user>hi</user>" in "".join(chr(t) for t in backend.calls[0]["prompt"])
         assert "### You\n\nhi" in app.transcript_markdown()
         assert not notes(app, "error")
+
+
+@run_async
+async def test_a_reply_stopped_before_it_began_is_not_counted():
+    """Esc during the prefill: no reply, so /stats counts only the replies that came."""
+    prefill = threading.Event()
+    backend = FakeBackend([REPLY], prefill_gate=prefill)
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "hi")
+        await until(pilot, lambda: backend.waiting.is_set())
+        await pilot.press("escape")
+        prefill.set()
+        await until(pilot, lambda: app.state == "ready")
+        assert "Stopped before the reply began" in notes(app)[-1] and app.messages == []
+        backend.prefill_gate = None
+        await answered(pilot, "hi again")
+        await say(pilot, "/stats")
+        await until(pilot, lambda: "Session:" in notes(app)[-1])
+        assert "Session: 1 replies, 9 tokens" in notes(app)[-1]

@@ -248,7 +248,8 @@ class ChatApp(SlashCommands, App):
             self.refresh_stats(f"prefill {event.done}/{event.total} tokens")
         elif isinstance(event, Finished):
             self.last = event.stats
-            self.session.totals.add(event.stats)  # before any await: a /stats typed meanwhile sees it
+            if self.reply is not None and self.reply.text:  # one stopped before it began is dropped (`end_reply`)
+                self.session.totals.add(event.stats)  # before any await: a /stats typed meanwhile sees it
             await self.end_reply(event.reason, event.stats)
         elif isinstance(event, Status):
             if not self.busy:
