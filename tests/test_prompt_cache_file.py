@@ -101,3 +101,32 @@ def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
     assert "".join(e.text for e in events if isinstance(e, Token)) == want
     with pytest.raises(SystemExit, match="saved for model 'default', not 'other'"):
         main(["--prompt-cache-file", path, "--model", "other"])
+
+
+def test_a_load_the_file_does_not_fit_leaves_it_for_the_next(tmp_path, default_model_dir):
+    """dflash-chat --prompt-cache-file: a `/load` of a pair the file was not saved for starts
+    from nothing (a note), and a later `/load` of the pair it was saved for uses it again."""
+    from app.chat.engine import Engine, Loaded
+    from app.model_thread import Failed
+    from dflash_mlx import load, load_draft
+    from dflash_mlx.cache import cache_ids
+
+    model, tokenizer = load(None)
+    drafter = load_draft(None, model=model)
+    prefix = tokenizer.encode("Notes: the shop opens at nine.")
+    cache = PromptCache(model, drafter)
+    dflash_tokens(model, prefix + prefix[-1:], drafter, 1, prompt_cache=cache)
+    cache.reuse(prefix + prefix[-1:], with_drafter=True)
+    path = str(tmp_path / "prefix.safetensors")
+    save_file(path, cache, *cache_ids(None, None))
+
+    events, done = [], threading.Semaphore(0)
+    engine = Engine(lambda e: (events.append(e), isinstance(e, Loaded) and done.release()), prompt_cache_file=path)
+    engine.start()
+    engine.load(str(default_model_dir))  # saved for "default", not for this name: not used
+    engine.load()
+    assert done.acquire(timeout=120) and done.acquire(timeout=120)
+    engine.shutdown()
+    assert [e.prefix for e in events if isinstance(e, Loaded)] == [0, len(prefix)]
+    [note] = [e.message for e in events if isinstance(e, Failed)]
+    assert "Prompt cache not used" in note and "saved for model 'default'" in note

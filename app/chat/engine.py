@@ -180,7 +180,7 @@ class Engine(ModelThread):
         self, on_event: Callable[[Event], None], backend: Any = None, prompt_cache_file: str | None = None
     ) -> None:
         super().__init__("dflash-engine", backend)
-        self.prefix_file, self.prefix = prompt_cache_file, []  # the file's tokens, once loaded
+        self.prefix_file, self.prefix = prompt_cache_file, []  # the file's tokens, while the loaded pair uses it
         self.refs: tuple = (None, None)  # the target and drafter as named to `load`
         self._emit = on_event
         self._seq_lock = threading.Lock()
@@ -268,13 +268,14 @@ class Engine(ModelThread):
 
     def _load_prefix(self) -> None:
         """Load the prompt cache file as the conversation's cache (a file for another
-        target or drafter: a note, and the conversation starts from nothing)."""
+        target or drafter: a note, and this pair's conversations start from nothing; the
+        next load tries the file again)."""
         from dflash_mlx.cache import cache_ids, load_file
 
         try:
             self.cache = load_file(self.prefix_file, self.model, self.draft, *cache_ids(*self.refs))
         except Exception as exc:
-            self.prefix_file, self.prefix = None, []
+            self.prefix = []
             self._emit(Failed(f"Prompt cache not used: {describe_error(exc)}", "draft"))
             return
         self.prefix = list(self.cache.tokens)
@@ -291,7 +292,7 @@ class Engine(ModelThread):
         if self.model is None:
             self._emit(Failed("No model is loaded (see the message above).", "generate"))
             return
-        if self.cache is None and self.prefix_file is not None:
+        if self.cache is None and self.prefix:  # the file fits this pair: its cache again
             self._load_prefix()
         if self.cache is None:
             self.cache = self.backend.make_prompt_cache(self.model, self.draft)
