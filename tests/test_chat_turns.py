@@ -8,6 +8,8 @@ import threading
 from chat_pilot import REPLY, answered, make_app, notes, run_async, say, until
 from fake_engine import FakeBackend
 
+from app.chat.widgets import Reply, Summary
+
 
 @run_async
 async def test_a_message_sent_while_the_model_loads_stays_in_the_history():
@@ -49,3 +51,23 @@ async def test_a_reply_stopped_before_it_began_is_not_counted():
         await say(pilot, "/stats")
         await until(pilot, lambda: "Session:" in notes(app)[-1])
         assert "Session: 1 replies, 9 tokens" in notes(app)[-1]
+
+
+@run_async
+async def test_regenerate_removes_the_old_summary_below_a_note():
+    """A /temp typed during the reply puts its note between the reply and its summary line:
+    /regenerate still takes that summary away with the reply."""
+    gate = threading.Event()
+    backend = FakeBackend(["First| try.", "Second| try."], gate=gate)
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, "hi")
+        await until(pilot, lambda: backend.waiting.is_set())
+        await say(pilot, "/temp 0.5")
+        gate.set()
+        await until(pilot, lambda: app.state == "ready" and len(app.messages) == 2)
+        await say(pilot, "/regenerate")
+        await until(pilot, lambda: len(backend.calls) == 2 and app.state == "ready" and len(app.messages) == 2)
+        assert [r.text for r in app.query(Reply)] == ["Second try."]
+        assert len(app.query(Summary)) == 1 and "Temp: 0.5." in notes(app)

@@ -129,8 +129,10 @@ class SlashCommands:
         reply = self.query(Reply).last()
         after = self.transcript.children[self.transcript.children.index(reply) + 1 :]
         await reply.remove()
-        if after and isinstance(after[0], Summary):
-            await after[0].remove()
+        # Its summary: the first below it, not always the next widget (a note typed during the reply comes between).
+        summary = next((w for w in after if isinstance(w, Summary)), None)
+        if summary is not None:
+            await summary.remove()
         await self.answer()
 
     async def cmd_baseline(self, arg: str) -> None:
