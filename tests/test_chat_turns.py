@@ -8,7 +8,9 @@ import threading
 from chat_pilot import REPLY, answered, make_app, notes, run_async, say, until
 from fake_engine import FakeBackend
 
+from app.chat.engine import Settings
 from app.chat.widgets import Reply, Summary
+from dflash_mlx import DecodeOptions
 
 
 @run_async
@@ -71,3 +73,34 @@ async def test_regenerate_removes_the_old_summary_below_a_note():
         await until(pilot, lambda: len(backend.calls) == 2 and app.state == "ready" and len(app.messages) == 2)
         assert [r.text for r in app.query(Reply)] == ["Second try."]
         assert len(app.query(Summary)) == 1 and "Temp: 0.5." in notes(app)
+
+
+@run_async
+async def test_a_slash_option_typed_while_loading_keeps_the_block_size_flags_error():
+    """`dflash-chat --block-size 99` and a /temp typed before the drafter (B=8) has loaded:
+    the app still ends with the one line naming --block-size, as without the /temp."""
+    loading = threading.Event()
+    app = make_app(FakeBackend([REPLY], load_gate=loading), settings=Settings(DecodeOptions(block_size=99)))
+    async with app.run_test() as pilot:
+        await say(pilot, "/temp 0.5")
+        await pilot.pause(0.05)
+        loading.set()
+        await until(pilot, lambda: app.return_code is not None)
+        assert app.return_code == 1
+        [message] = [str(m) for m in app._exit_renderables]
+        assert message == "dflash-chat: error: --block-size must be at most the drafter's block size 8, got 99"
+
+
+@run_async
+async def test_a_block_size_typed_while_loading_goes_back_to_auto_when_too_large():
+    """`/block 12` before the drafter (B=8) has loaded: the user's, not the command line's,
+    so it is named as /block and goes back to auto; the app goes on."""
+    loading = threading.Event()
+    app = make_app(FakeBackend([REPLY], load_gate=loading))
+    async with app.run_test() as pilot:
+        await say(pilot, "/block 12")
+        await pilot.pause(0.05)
+        loading.set()
+        await until(pilot, lambda: app.state == "ready")
+        assert app.return_code is None and app.settings.options.block_size is None
+        assert "/block must be at most the drafter's block size 8, got 12: back to auto" in notes(app, "error")[-1]

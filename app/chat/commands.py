@@ -89,7 +89,9 @@ class SlashCommands:
             options = replace(self.settings.options, **{name: parse_value(name, arg)})
             if self.drafter is not None:
                 options.block_limit(self.drafter)  # a block size above the drafter's B
-            self.settings.options, self.from_flags = options, False
+            self.settings.options = options
+            # A block size typed here is the user's: the loaded drafter's check names /block, not --block-size.
+            self.from_flags = self.from_flags and name != "block_size"
         except ValueError as e:  # not a number, or an `OptionError` naming the rule
             rule = f": {e.named(f'/{command}')}" if isinstance(e, OptionError) else ""
             await self.note(f"Usage: /{command} {usage(name)}{rule}.", "error")
