@@ -54,6 +54,8 @@ BEFORE_LOADING = [
     (["generate", "-p", "hi", "-m", "0"], ["--max-tokens", "0"]),
     (["generate", "-p", "hi", "--block-size", "1"], ["--block-size", "or omitted (adaptive)", "1"]),
     (["generate", "-p", "hi", "--seed", "-1"], ["--seed", "or omitted", "-1"]),
+    (["generate", "-p", "hi", "--system", "Be brief.", "--raw"], ["--system", "--raw"]),
+    (["generate", "-p", "hi", "--system", "S", "--prompt-cache-file", "x"], ["--system", "--prompt-cache-file"]),
 ]
 
 TRAIN = ["train", "-d", NOWHERE, "-o", f"{NOWHERE}/run", "--resume-from", NOWHERE]  # the flag's error comes first
@@ -196,6 +198,23 @@ def test_an_option_error_names_its_flag_where_a_model_thread_reports_it():
 def test_checked_once_loaded(default_model_dir, args, words):
     result = CliRunner().invoke(app, [*args, "--model", str(default_model_dir)])
     _assert_one_line(result, words)
+    assert result.stdout == ""
+
+
+def test_generate_refuses_a_system_prompt_for_a_model_without_chat_template(default_model_dir, tmp_path):
+    """--system goes into the chat template: a model without one refuses it once loaded, before decoding."""
+    import json
+
+    bare = tmp_path / "no-template"
+    bare.mkdir()
+    for f in default_model_dir.iterdir():
+        if f.name != "tokenizer_config.json":
+            (bare / f.name).symlink_to(f)
+    config = json.loads((default_model_dir / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["generate", "-p", "hi", "-m", "4", "--system", "Be brief.", "--model", str(bare)])
+    _assert_one_line(result, ["--system", "chat template"])
     assert result.stdout == ""
 
 

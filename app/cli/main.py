@@ -81,7 +81,9 @@ def generate(
         None, "--draft-vocab", help="Draft vocabulary file, or 'none' (default: the drafter's own, if any)."
     ),
     max_tokens: int = typer.Option(256, "--max-tokens", "-m"),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    system: Optional[str] = typer.Option(
+        None, "--system", help="System prompt (in the chat template: not with --raw or --prompt-cache-file)."
+    ),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     sharding: Optional[str] = typer.Option(None, "--sharding", help=SHARDING_HELP),
     check_ranks: bool = typer.Option(
@@ -106,12 +108,15 @@ def generate(
 
     positive(max_tokens, "--max-tokens")
     check_pair(model, draft, no_draft, draft_vocab)
+    _check_system(system, raw, prompt_cache_file)
     prompt = prompt_text(prompt)
     cache = None
     target, tokenizer = load(model, sharding=choose_sharding(sharding))
     context = context_length(target, tokenizer)
     if max_tokens > context:  # as the server checks a request's max_tokens
         raise ValueError(f"--max-tokens must be at most the model's context, {context} tokens; got {max_tokens}")
+    if system is not None and not tokenizer.chat_template:
+        raise ValueError(f"--system goes into the chat template, and {model or 'the model'} has none: drop --system")
     drafter = None if no_draft else load_draft(draft, model=target, draft_vocab=draft_vocab)
     if prompt_cache_file is not None:  # the prefix's tokens, then the prompt's, raw
         from dflash_mlx.cache import cache_ids, load_file
@@ -132,6 +137,17 @@ def generate(
     if last is not None:  # the stats go to stderr, as mlx_lm.generate's verbose output does
         print("=" * 10, file=sys.stderr)
         print(format_stats(last), file=sys.stderr)
+
+
+def _check_system(system: Optional[str], raw: bool, prompt_cache_file: Optional[Path]) -> None:
+    """Refuse --system where no chat template is applied (it would be dropped silently)."""
+    if system is not None and raw:
+        raise ValueError("--system goes into the chat template, which --raw leaves out: drop --system or --raw")
+    if system is not None and prompt_cache_file is not None:
+        raise ValueError(
+            "--system does not apply with --prompt-cache-file (--prompt follows the saved prefix, raw): "
+            "put the system prompt in cache-prompt's prefix"
+        )
 
 
 @app.command("cache-prompt")
