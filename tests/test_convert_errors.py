@@ -225,3 +225,9 @@ def test_export_errors(tmp_path, src, out):
     assert_fails(cli("export", tmp_path / "missing", out), out, "missing", "no such directory")
     (src / "model.safetensors").write_bytes(b"")
     assert_fails(cli("export", src, out), out, "model.safetensors", "truncated")
+
+
+@pytest.mark.parametrize("flag,value", [("--q-bits", "8"), ("--q-group-size", "32")])
+def test_a_quantization_flag_without_quantize(src, out, flag, value):
+    """--q-bits / --q-group-size without -q would be ignored: refused, naming the flag."""
+    assert_fails(cli("convert", src, out, flag, value), out, flag, "-q")

@@ -31,7 +31,7 @@ from app.cli.train import (
 from app.flags import DRAFTING, KV_CACHE, SAMPLING, WINDOW, decode_flags
 from app.server import MAX_BATCH
 from app.version import version_line
-from converters.options import Q_BITS, Q_GROUP_SIZES
+from converters.options import DEFAULT_Q_BITS, DEFAULT_Q_GROUP_SIZE, Q_BITS, Q_GROUP_SIZES
 from dflash_mlx import DecodeOptions
 
 OUTPUT_HELP = "Directory to create (must not exist unless --force)."
@@ -188,9 +188,13 @@ def convert_command(
         None, "--dtype", help="float16, bfloat16 or float32 (default: the checkpoint's)."
     ),
     quantize: bool = typer.Option(False, "-q", "--quantize", help="Quantize the linear layers."),
-    q_bits: int = typer.Option(4, "--q-bits", help=f"Bits per weight with -q ({', '.join(map(str, Q_BITS))})."),
-    q_group_size: int = typer.Option(
-        64, "--q-group-size", help=f"Quantization group size with -q ({', '.join(map(str, Q_GROUP_SIZES))})."
+    q_bits: Optional[int] = typer.Option(
+        None, "--q-bits", help=f"Bits per weight with -q ({', '.join(map(str, Q_BITS))}; default {DEFAULT_Q_BITS})."
+    ),
+    q_group_size: Optional[int] = typer.Option(
+        None,
+        "--q-group-size",
+        help=f"Quantization group size with -q ({', '.join(map(str, Q_GROUP_SIZES))}; default {DEFAULT_Q_GROUP_SIZE}).",
     ),
     target: Optional[str] = typer.Option(
         None, "--target", help="Also check the drafter fits this target model (path, Hub repo or 'default')."
