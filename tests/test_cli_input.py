@@ -45,6 +45,7 @@ BEFORE_LOADING = [
     (["bench", "context", "--plot", f"{NOWHERE}/x.png"], ["--plot", NOWHERE]),
     (["bench", "concurrency", "2", "--plot", f"{NOWHERE}/x.png"], ["--plot", NOWHERE]),
     (["cache-prompt", "-p", "prefix", "-o", f"{NOWHERE}/x"], ["--output", NOWHERE]),
+    (["cache-prompt", "-p", "prefix", "-o", "prefix.cache"], ["--output", ".safetensors", "prefix.cache"]),
     (["generate", "-p", ""], ["--prompt is empty"]),
     (["generate", "-p", "  "], ["--prompt is empty"]),
     (["generate", "-p", "hi", "--no-draft", "--draft", "/nope"], ["--no-draft", "--draft"]),

@@ -154,7 +154,7 @@ def _check_system(system: Optional[str], raw: bool, prompt_cache_file: Optional[
 @one_line_errors
 def cache_prompt(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The prefix, raw text ('-': read stdin)."),
-    output: Path = typer.Option(..., "--output", "-o", help="The .safetensors file to write."),
+    output: Path = typer.Option(..., "--output", "-o", help="The .safetensors file to write (NAME.safetensors)."),
     model: Optional[str] = typer.Option(None, "--model", help="Target (default: SmolLM2-135M-Instruct)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
     no_draft: bool = typer.Option(False, "--no-draft", help="Save the target's cache alone."),
@@ -166,6 +166,8 @@ def cache_prompt(
 
     check_pair(model, draft, no_draft)
     writable(output, "--output")
+    if output.suffix != ".safetensors":  # mlx would add it: the file would not be where the user said
+        raise ValueError(f"--output must name a .safetensors file, got {output}")
     text = prompt_text(prompt)
     target, tokenizer = load(model)
     drafter = None if no_draft else load_draft(draft, model=target)
