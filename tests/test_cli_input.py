@@ -33,6 +33,8 @@ BEFORE_LOADING = [
     (["eval", "--replay", "--answers", f"{NOWHERE}/x.json"], ["--answers", NOWHERE]),
     (["eval", "--answers", "answers.json"], ["--answers", "--replay"]),
     (["eval", "--seed", "-1"], ["--seed", "-1"]),
+    (["eval", "--replay", "--temp", "0", "--temp", "1"], ["--temp", "--replay", "greedy"]),
+    (["eval", "--replay", "--seed", "3"], ["--seed", "--replay"]),
     (["bench", "speed", "-m", "0"], ["--max-tokens", "0"]),
     (["bench", "speed", "--fixed", "4,x"], ["--fixed must be comma-separated integers", "4,x"]),
     (["bench", "speed", "--tree-budget", "a"], ["--tree-budget must be comma-separated integers"]),

@@ -314,9 +314,9 @@ def eval_command(
     ),
     model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-m"),
-    temp: List[float] = typer.Option([0.0, 1.0], "--temp", help="Temperatures (repeatable)."),
+    temp: Optional[List[float]] = typer.Option(None, "--temp", help="Temperatures (repeatable; default 0 and 1)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="For the sampled temperatures (default 0)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the results here."),
     replay: bool = typer.Option(
         False,
@@ -339,6 +339,10 @@ def eval_command(
     writable(json_out, "--json")
     if answers is not None and not replay:  # else it would be silently ignored
         raise ValueError("--answers applies to --replay only")
+    if replay and any(temp or []):  # --replay measures greedy tau: a sampled temperature would be ignored
+        raise ValueError(f"--replay measures greedy tau only: drop --temp {max(temp):g}")
+    if replay and seed is not None:
+        raise ValueError("--seed applies to sampled temperatures, not to --replay (greedy): drop --seed")
     writable(answers, "--answers")
     check_pair(model)
     items = read_prompt_sources(prompts)[:limit]
@@ -353,9 +357,9 @@ def eval_command(
             drafter,
             items,
             max_tokens=max_tokens,
-            temps=temp,
+            temps=temp or [0.0, 1.0],
             block_size=options.block_size,
-            seed=seed,
+            seed=seed or 0,
         )
     typer.echo(format_results(results))
     write_json(results, json_out)
