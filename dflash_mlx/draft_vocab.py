@@ -60,6 +60,17 @@ def load_draft_vocab(path: str | Path, vocab_size: int) -> mx.array:
     return mx.array(check_draft_vocab(data["ids"], vocab_size, data.get("eos_token_ids", []), str(file)))
 
 
+def check_vocab_choice(size: Optional[int], coverage: Optional[float]) -> None:
+    """Refuse a choice `build_draft_vocab` cannot make (one line naming --size or --coverage),
+    so that a command checks it before the counting."""
+    if (size is None) == (coverage is None):
+        raise ValueError("give exactly one of --size and --coverage")
+    if size is not None and size < 1:
+        raise ValueError(f"--size must be positive, got {size}")
+    if coverage is not None and not 0 < coverage <= 1:
+        raise ValueError(f"--coverage must be in (0, 1], got {coverage}")
+
+
 def build_draft_vocab(
     counts: Counter,
     *,
@@ -75,12 +86,7 @@ def build_draft_vocab(
     When `size` asks for more tokens than were counted and `vocab_size` is given, the rest
     are the lowest unseen ids: in a BPE vocabulary ids follow merge order, which follows
     the tokenizer corpus's frequencies, the best prior for tokens the data never showed."""
-    if (size is None) == (coverage is None):
-        raise ValueError("give exactly one of --size and --coverage")
-    if size is not None and size < 1:
-        raise ValueError(f"--size must be positive, got {size}")
-    if coverage is not None and not 0 < coverage <= 1:
-        raise ValueError(f"--coverage must be in (0, 1], got {coverage}")
+    check_vocab_choice(size, coverage)
     total = sum(counts.values())
     if total == 0:
         raise ValueError("no tokens to count: the data is empty")

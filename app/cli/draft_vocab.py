@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from app.cli.common import check_pair, writable
+
 
 def draft_vocab_command(
     data: List[Path] = typer.Option(
@@ -32,16 +34,22 @@ def draft_vocab_command(
     those tokens (cheaper drafts; decoding stays lossless)."""
     from collections import Counter
 
-    from dflash_mlx.draft_vocab import build_draft_vocab, save_draft_vocab
+    from dflash_mlx.draft_vocab import build_draft_vocab, check_vocab_choice, save_draft_vocab
     from dflash_mlx import apply_chat_template, load
     from dflash_mlx.targets import make_target
     from dflash_mlx.train.data import answer_spans, iter_records
 
-    counts: Counter = Counter()
-    for d in data:
-        file = d / "train.jsonl" if d.is_dir() else d
+    check_vocab_choice(size, coverage)
+    if not (out.is_dir() or out.suffix == ".json"):
+        raise ValueError(f"--out must be a drafter directory or a .json file, got {out}")
+    writable(None if out.is_dir() else out, "--out")
+    check_pair(model)
+    files = [d / "train.jsonl" if d.is_dir() else d for d in data]
+    for file in files:
         if not file.is_file():
-            raise FileNotFoundError(f"no training data at {file}")
+            raise FileNotFoundError(f"--data: no training data at {file}")
+    counts: Counter = Counter()
+    for file in files:
         for rec in iter_records(file):  # the target-written tokens only (not a conversation's user turns)
             seq = rec["prompt_ids"] + rec["completion_ids"]
             for s, e in answer_spans(rec):
@@ -53,7 +61,5 @@ def draft_vocab_command(
     ids, covered = build_draft_vocab(
         counts, size=size, coverage=coverage, required=set(eos) | specials, vocab_size=make_target(target).vocab_size
     )
-    if not (out.is_dir() or out.suffix == ".json"):
-        raise ValueError(f"--out must be a drafter directory or a .json file, got {out}")
     file = save_draft_vocab(ids, out, eos, covered, source=", ".join(str(d) for d in data))
     typer.echo(f"{len(ids)} tokens covering {covered:.1%} of {sum(counts.values())} answer tokens -> {file}")
