@@ -75,6 +75,7 @@ class FakeBackend:
         self.prefill_gate = prefill_gate
         self.threads: set[int] = set()
         self.calls: list[dict] = []  # stream_generate keyword arguments (+ prefilled)
+        self.drafters: list[tuple] = []  # (path_or_repo, draft_vocab) of each load_draft
         self.caches: list[FakeCache] = []
         self.waiting = threading.Event()  # set while a token waits for the gate
 
@@ -91,6 +92,7 @@ class FakeBackend:
 
     def load_draft(self, path_or_repo=None, model=None, draft_vocab=None):
         self._touch()
+        self.drafters.append((path_or_repo, draft_vocab))
         if self.draft_error:
             raise self.draft_error
         return FakeDraft()

@@ -104,3 +104,17 @@ async def test_a_block_size_typed_while_loading_goes_back_to_auto_when_too_large
         await until(pilot, lambda: app.state == "ready")
         assert app.return_code is None and app.settings.options.block_size is None
         assert "/block must be at most the drafter's block size 8, got 12: back to auto" in notes(app, "error")[-1]
+
+
+@run_async
+async def test_the_draft_vocab_flag_stays_with_its_drafter():
+    """--draft-vocab is the vocabulary of the drafter given beside it: a /load of another
+    drafter uses that drafter's own, and a /load of the first one takes the flag's again."""
+    backend = FakeBackend([REPLY])
+    app = make_app(backend, model="m", draft="d1", draft_vocab="d1-vocab.json")
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        for line in ("/load m d2", "/load other d1", "/load m d1"):
+            await say(pilot, line)
+            await until(pilot, lambda: app.state == "ready")
+        assert backend.drafters == [("d1", "d1-vocab.json"), ("d2", None), ("d1", None), ("d1", "d1-vocab.json")]

@@ -68,6 +68,7 @@ class ChatApp(SlashCommands, App):
         self.model_path = model
         self.draft_path = draft
         self.draft_vocab = draft_vocab
+        self.vocab_pair = (model, draft)  # the pair --draft-vocab was given for: /load of another drops it
         self.settings = settings or Settings()
         self.system = system
         self.prompt_cache_file = prompt_cache_file

@@ -194,7 +194,8 @@ class SlashCommands:
         if self.engine is not None:
             self.state = "loading"  # a message sent from now on waits for the new conversation
             self.refresh_stats()
-            self.engine.load(self.model_path, self.draft_path, self.draft_vocab)
+            pair = (self.model_path, self.draft_path)
+            self.engine.load(*pair, self.draft_vocab if pair == self.vocab_pair else None)  # another's: its own
 
     async def cmd_quit(self, arg: str) -> None:
         await self.action_quit()
