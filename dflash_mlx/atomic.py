@@ -4,7 +4,8 @@ Converting a drafter, exporting one, importing a GGUF model and saving a trainin
 checkpoint all write a directory of several files that is only useful complete. They
 build it in a hidden temporary sibling and rename it into place at the end, so a failure
 or an interrupt leaves the old directory (or nothing) behind, never half of a new one.
-Single files (held-out answers kept for evaluation) are renamed into place the same way.
+Single files (held-out answers kept for evaluation, prompt cache files) are renamed into
+place the same way.
 Files that several processes append to (the training feature cache) or build once (the
 imported default model) are written under an exclusive lock.
 """
@@ -19,18 +20,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_directory", "exclusive_lock", "write_text_atomic"]
+__all__ = ["atomic_directory", "atomic_file", "exclusive_lock", "write_text_atomic"]
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a hidden sibling of `path` to write; on success it is renamed over `path`, on
+    any failure removed. It keeps `path`'s suffix, for writers that add one (mlx's
+    `save_safetensors` appends ".safetensors" to a name without it)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write a file whole or not at all: a hidden sibling, renamed over `path`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
+    with atomic_file(path) as tmp:
         tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -33,6 +33,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
+from .atomic import atomic_file
 from .drafter import Drafter
 from .rollback import Mark, rewind
 
@@ -176,10 +177,10 @@ def _used_rows(layer: Any) -> Any:
 
 
 def save_file(path: str, cache: PromptCache, model_id: str, draft_id: str) -> None:
-    """Write `cache` (a prefilled prefix) to `path` in mlx-lm's prompt cache format, tagged
-    with the format version and the ids of the target and drafter it belongs to: the rows
-    the caches hold, not their spare capacity (`_used_rows`). The drafter's kept context
-    goes as plain K/V; where it sits is in the metadata."""
+    """Write `cache` (a prefilled prefix) to `path`, whole or not at all, in mlx-lm's prompt
+    cache format, tagged with the format version and the ids of the target and drafter it
+    belongs to: the rows the caches hold, not their spare capacity (`_used_rows`). The
+    drafter's kept context goes as plain K/V; where it sits is in the metadata."""
     cache.flush()
     draft = []
     for c in cache.draft or []:
@@ -196,7 +197,8 @@ def save_file(path: str, cache: PromptCache, model_id: str, draft_id: str) -> No
         target_layers=str(len(cache.target)),
         draft_where=json.dumps(where),
     )
-    save_prompt_cache(path, [_used_rows(layer) for layer in cache.target] + draft, metadata)
+    with atomic_file(path) as tmp:  # a failed write leaves the old file (or none), never half of one
+        save_prompt_cache(str(tmp), [_used_rows(layer) for layer in cache.target] + draft, metadata)
 
 
 def cache_ids(model: Optional[str], draft: Optional[str], no_draft: bool = False) -> tuple[str, str]:

@@ -12,6 +12,7 @@ import threading
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import pytest
 
+from dflash_mlx.atomic import atomic_file
 from dflash_mlx.cache import PromptCache, load_file, save_file
 from dflash_mlx.targets import make_target
 from references import dflash_tokens
@@ -41,6 +42,26 @@ def test_saved_prefix_gives_the_same_output(tmp_path):
     (tmp_path / "junk.safetensors").write_text("junk")
     with pytest.raises(ValueError, match="not a prompt cache file"):
         load_file(str(tmp_path / "junk.safetensors"), model, drafter, "tiny-llama", "tiny-drafter")
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path):
+    """`save_file` (`dflash cache-prompt`) writes through `atomic_file`: a write that fails
+    halfway (a full disk) leaves the file there was, and nothing beside it."""
+    path = tmp_path / "prefix.safetensors"
+    path.write_text("the old prefix")
+    with pytest.raises(OSError, match="No space"):
+        with atomic_file(path) as tmp:
+            assert tmp.parent == tmp_path and tmp.suffix == ".safetensors"  # mlx's save adds none
+            tmp.write_text("half of a new")
+            raise OSError("No space left on device")
+    assert path.read_text() == "the old prefix" and [p.name for p in tmp_path.iterdir()] == [path.name]
+    model = tiny_target("llama", scale=2.0)
+    drafter = random_drafter(make_target(model), 3)
+    cache = PromptCache(model, drafter)
+    dflash_tokens(model, prompt_of(5, 3) + [7], drafter, 1, prompt_cache=cache)
+    save_file(str(path), cache, "tiny-llama", "tiny-drafter")
+    assert load_file(str(path), model, drafter, "tiny-llama", "tiny-drafter").tokens == cache.tokens
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def _saved(tmp_path, model, drafter, n: int) -> tuple[int, PromptCache]:
