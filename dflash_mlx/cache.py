@@ -207,9 +207,11 @@ def cache_ids(model: Optional[str], draft: Optional[str], no_draft: bool = False
     return model or "default", "none" if no_draft else draft or "default"
 
 
-def read_file(path: str, model_id: str, draft_id: str) -> tuple[list, dict]:
+def read_file(path: str, model_id: str, draft_id: str, target_alone: bool = False) -> tuple[list, dict]:
     """The caches and metadata saved at `path`, after checking it is this format and
-    belongs to this target and drafter (a ValueError of one line otherwise)."""
+    belongs to this target and drafter (a ValueError of one line otherwise). With
+    `target_alone`, a file saved without a drafter ("none") fits any drafter too: the
+    drafter's context then starts empty, and its first prefill runs the prefix again."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no such prompt cache file")
     try:
@@ -218,15 +220,24 @@ def read_file(path: str, model_id: str, draft_id: str) -> tuple[list, dict]:
         raise ValueError(f"{path} is not a prompt cache file ({type(exc).__name__})") from None
     if metadata.get("format") != CACHE_FORMAT:
         raise ValueError(f"{path} is not a {CACHE_FORMAT} file (format {metadata.get('format')!r})")
+    if target_alone and metadata.get("draft") == "none":
+        draft_id = "none"
     for kind, want in (("model", model_id), ("draft", draft_id)):
         if metadata.get(kind) != want:
             raise ValueError(f"{path} was saved for {kind} {metadata.get(kind)!r}, not {want!r}")
     return caches, metadata
 
 
-def load_file(path: str, model: nn.Module, draft_model: Optional[Drafter], model_id: str, draft_id: str) -> PromptCache:
+def load_file(
+    path: str,
+    model: nn.Module,
+    draft_model: Optional[Drafter],
+    model_id: str,
+    draft_id: str,
+    target_alone: bool = False,
+) -> PromptCache:
     """The `PromptCache` saved at `path` (checked as `read_file` does)."""
-    caches, metadata = read_file(path, model_id, draft_id)
+    caches, metadata = read_file(path, model_id, draft_id, target_alone)
     cache = PromptCache(model, draft_model)
     n = int(metadata["target_layers"])
     cache.target, cache.tokens = caches[:n], json.loads(metadata["tokens"])

@@ -151,3 +151,39 @@ def test_a_load_the_file_does_not_fit_leaves_it_for_the_next(tmp_path, default_m
     assert [e.prefix for e in events if isinstance(e, Loaded)] == [0, len(prefix)]
     [note] = [e.message for e in events if isinstance(e, Failed)]
     assert "Prompt cache not used" in note and "saved for model 'default'" in note
+
+
+def test_chat_uses_a_prompt_cache_saved_without_a_drafter(tmp_path, default_model_dir):
+    """A file from `dflash cache-prompt --no-draft` (the target's cache alone) starts the
+    chat's conversations too, with its drafter: the drafter's context starts empty, so the
+    first DFlash turn prefills the prefix for it, and the reply is the one a fresh prefill gives."""
+    from app.chat.main import app_from_args, check_prompt_cache
+    from app.chat.engine import Engine, Finished, Loaded, Settings, Token
+    from dflash_mlx import load, load_draft, stream_generate
+    from dflash_mlx.cache import cache_ids
+    from dflash_mlx.messages import apply_chat_template
+    from dflash_mlx.options import DecodeOptions
+
+    model, tokenizer = load(None)
+    prefix = tokenizer.encode("Notes: the shop opens at nine and closes at five.")
+    cache = PromptCache(model)
+    dflash_tokens(model, prefix + prefix[-1:], None, 1, prompt_cache=cache)
+    cache.reuse(prefix + prefix[-1:], with_drafter=False)
+    path = str(tmp_path / "prefix.safetensors")
+    save_file(path, cache, *cache_ids(None, None, no_draft=True))
+    check_prompt_cache(app_from_args(["--prompt-cache-file", path]))  # not refused
+
+    events, finished = [], threading.Event()
+    engine = Engine(lambda e: (events.append(e), isinstance(e, Finished) and finished.set()), prompt_cache_file=path)
+    engine.start()
+    engine.load()
+    messages = [{"role": "user", "content": "When does the shop open?"}]
+    engine.generate(messages, Settings(DecodeOptions(temp=0.0), max_tokens=N))
+    assert finished.wait(120)
+    engine.shutdown()
+    [loaded] = [e for e in events if isinstance(e, Loaded)]
+    assert loaded.prefix == len(prefix) and loaded.draft is not None
+    prompt = prefix + apply_chat_template(tokenizer, messages)
+    drafter = load_draft(None, model=model)
+    want = "".join(r.text for r in stream_generate(model, tokenizer, prompt, drafter, max_tokens=N))
+    assert "".join(e.text for e in events if isinstance(e, Token)) == want

@@ -269,11 +269,12 @@ class Engine(ModelThread):
     def _load_prefix(self) -> None:
         """Load the prompt cache file as the conversation's cache (a file for another
         target or drafter: a note, and this pair's conversations start from nothing; the
-        next load tries the file again)."""
+        next load tries the file again). A file saved for the target alone (`cache-prompt
+        --no-draft`) fits: baseline turns reuse it, the first DFlash turn prefills it again."""
         from dflash_mlx.cache import cache_ids, load_file
 
         try:
-            self.cache = load_file(self.prefix_file, self.model, self.draft, *cache_ids(*self.refs))
+            self.cache = load_file(self.prefix_file, self.model, self.draft, *cache_ids(*self.refs), target_alone=True)
         except Exception as exc:
             self.prefix = []
             self._emit(Failed(f"Prompt cache not used: {describe_error(exc)}", "draft"))

@@ -60,11 +60,11 @@ def app_from_args(argv: list[str] | None = None) -> ChatApp:
 
 def check_prompt_cache(app: ChatApp) -> None:
     """Refuse (a ValueError of one line) a prompt cache file that is not one, or is for
-    another target or drafter, before the app starts."""
+    another target or drafter (one saved for the target alone fits), before the app starts."""
     if app.prompt_cache_file is not None:
         from dflash_mlx.cache import cache_ids, read_file
 
-        read_file(app.prompt_cache_file, *cache_ids(app.model_path, app.draft_path))
+        read_file(app.prompt_cache_file, *cache_ids(app.model_path, app.draft_path), target_alone=True)
 
 
 def main(argv: list[str] | None = None) -> None:
