@@ -34,6 +34,7 @@ from typing import Any, Callable, Generator, Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .acceptance import Records
@@ -47,7 +48,7 @@ from .plan import new_policy
 from .policy import BlockSizePolicy, Width
 from .sequence import Sequence as DecodeSequence
 from .stats import GenerationStats, histogram
-from .text import TokenText, as_tokens
+from .text import TokenText, as_tokens, token_ids
 
 #: What `prompt_cache` may be: a sequence (`make_prompt_cache`), or a bare `PromptCache`.
 PromptState = Union[DecodeSequence, PromptCache]
@@ -78,7 +79,7 @@ def make_prompt_cache(model: nn.Module, draft_model: Optional[Drafter] = None) -
 
 
 def generate_step(
-    prompt: Sequence[int],
+    prompt: Union[Sequence[int], mx.array, np.ndarray],
     model: nn.Module,
     draft_model: Optional[Drafter] = None,
     options: Optional[DecodeOptions] = None,
@@ -94,6 +95,7 @@ def generate_step(
     (they come first), and the target's log-probabilities (V,) for each. Runs forever: the
     caller stops. With `max_tokens` (None or -1: no limit), blocks shrink near the end so
     nothing past it is verified. With `draft_model=None` the target decodes alone, one token a cycle.
+    `prompt`: token ids, a list or a 1-D MLX or NumPy array (mlx-lm's takes an `mx.array`).
 
     `options` say how to decode (`DecodeOptions`; keyword `changes` to its fields, as
     mlx-lm's keyword arguments, are applied on top). The models decode through their
@@ -104,6 +106,7 @@ def generate_step(
     prompt cache (never past `max_tokens`)."""
     options = DecodeOptions.of(options, **changes)
     max_tokens = _token_limit(max_tokens)
+    prompt = token_ids(prompt)  # an array's elements would reach the caches' token lists
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
     pair = Pair.of(model, draft_model, options.use_kernels)

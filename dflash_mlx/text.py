@@ -2,7 +2,8 @@
 
 `TokenText` turns tokens into text segments token by token (EOS is yielded but adds no
 text; text that could start a stop string waits, `StopStrings`); `as_tokens` reads a
-prompt given as text, token ids or a 1-D array (MLX or NumPy), as mlx-lm takes it.
+prompt given as text, token ids or a 1-D array (MLX or NumPy), as mlx-lm takes it
+(`token_ids`: the ids alone, as `generate_step` takes them).
 """
 
 from __future__ import annotations
@@ -69,11 +70,18 @@ class TokenText:
 
 
 def as_tokens(tokenizer: TokenizerWrapper, prompt: Union[str, Sequence[int], mx.array, np.ndarray]) -> list[int]:
-    """The prompt's token ids (text is encoded, with BOS unless it starts with it); token
-    ids must be integers in one dimension (a ValueError naming `prompt` otherwise)."""
+    """The prompt's token ids (text is encoded, with BOS unless it starts with it; ids as
+    `token_ids` reads them)."""
     if isinstance(prompt, str):
         bos = tokenizer.bos_token
         return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+    return token_ids(prompt)
+
+
+def token_ids(prompt: Union[Sequence[int], mx.array, np.ndarray]) -> list[int]:
+    """Token ids given as a list, an MLX or a NumPy array, as Python ints (what the caches'
+    token lists compare); they must be integers in one dimension (a ValueError naming
+    `prompt` otherwise)."""
     ids = np.array(prompt) if isinstance(prompt, mx.array) else np.asarray(prompt)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
         raise ValueError(

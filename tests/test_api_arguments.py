@@ -1,8 +1,9 @@
 """The Python API takes arguments as an mlx-lm user passes them, or names what is wrong.
 
 * `stop` given as one string is one stop string (not one per character), None is none.
-* A prompt as a 1-D NumPy array decodes as its token list does (as in mlx-lm); a prompt
-  of other shapes or of non-integers is a one-line error naming `prompt`.
+* A prompt as a 1-D NumPy or MLX array decodes as its token list does (as in mlx-lm),
+  through `generate_step` too (mlx-lm's takes an `mx.array`); a prompt of other shapes or
+  of non-integers is a one-line error naming `prompt`.
 * Arguments in mlx-lm's places that mean something else here (mlx-lm's `max_tokens` or
   `verbose` given positionally land on `draft_model`, mlx-lm's list of KV caches as
   `prompt_cache`) and a `max_tokens` that is not an integer: one line naming the argument.
@@ -26,6 +27,7 @@ from dflash_mlx import (
     generate,
     generate_step,
     load_draft,
+    make_prompt_cache,
     stream_generate,
     user_messages,
 )
@@ -62,6 +64,27 @@ def test_array_prompts_decode_as_their_token_lists(default_model, counting, as_p
     model, tokenizer = default_model
     prompt, text = counting
     assert generate(model, tokenizer, as_prompt(prompt), max_tokens=MAX_TOKENS) == text
+
+
+@pytest.mark.parametrize("as_prompt", [mx.array, np.array], ids=["mlx", "numpy"])
+def test_generate_step_takes_array_prompts(default_model, counting, as_prompt):
+    model, _ = default_model
+    drafter = load_draft(model=model)
+
+    def first_tokens(prompt):
+        sequence = make_prompt_cache(model, drafter)
+        tokens = []
+        for committed, _, _ in generate_step(prompt, model, drafter, block_size=4, prompt_cache=sequence):
+            tokens += committed
+            if len(tokens) >= 6:
+                return tokens[:6], sequence.tokens
+
+    tokens, held = first_tokens(as_prompt(counting[0]))
+    assert (tokens, held) == first_tokens(counting[0])
+    assert all(type(t) is int for t in held)  # what prefix reuse and prompt lookup compare
+    with pytest.raises(ValueError) as info:
+        next(generate_step(as_prompt([counting[0]]), model))
+    one_line_naming(info.value, "prompt")
 
 
 @pytest.mark.parametrize(
