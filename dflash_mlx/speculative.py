@@ -192,7 +192,7 @@ def stream_generate(
     options: Optional[DecodeOptions] = None,
     *,
     max_tokens: Optional[int] = 256,
-    stop: Sequence[str] = (),
+    stop: Union[str, Sequence[str], None] = (),
     prompt_cache: Optional[PromptState] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     policy: Optional[BlockSizePolicy] = None,

@@ -18,12 +18,28 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 Stops = Union[Sequence[str], str, None]
 
 
+def stop_strings(stop: Stops) -> list[str]:
+    """`stop` as a list: a str is one stop string (not its characters), None none; anything
+    but those and a list or tuple of strings is a TypeError naming `stop`."""
+    stops = [stop] if isinstance(stop, str) else [] if stop is None else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise TypeError(f"stop must be a string or a list of strings, got {_describe(stop)}")
+    return list(stops)
+
+
+def _describe(stop: object) -> str:
+    """The type of `stop`, with the first element that is not a string where it is a list."""
+    if isinstance(stop, (list, tuple)):
+        bad = next(s for s in stop if not isinstance(s, str))
+        return f"a {type(stop).__name__} holding {type(bad).__name__} {bad!r}"
+    return f"{type(stop).__name__} {stop!r}"
+
+
 class StopStrings:
     """Holds back text that could be the start of a stop string."""
 
     def __init__(self, stop: Stops):
-        stop = [stop] if isinstance(stop, str) else stop or ()  # a str is one stop string, not its characters
-        self.stop = [s for s in stop if s]
+        self.stop = [s for s in stop_strings(stop) if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""
         self.sent = 0

@@ -1,6 +1,8 @@
 """The Python API takes arguments as an mlx-lm user passes them, or names what is wrong.
 
-* `stop` given as one string is one stop string (not one per character), None is none.
+* `stop` given as one string is one stop string (not one per character), None is none;
+  anything but a string or a list of strings is a one-line error naming `stop`, before
+  the prefill.
 * A prompt as a 1-D NumPy or MLX array decodes as its token list does (as in mlx-lm),
   through `generate_step` too (mlx-lm's takes an `mx.array`); a prompt of other shapes or
   of non-integers is a one-line error naming `prompt`.
@@ -57,6 +59,17 @@ def test_a_stop_string_given_alone_is_one_stop_string(default_model, counting):
     prompt, text = counting
     assert generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS, stop="seven") == text[: text.index("seven")]
     assert generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS, stop=None) == text
+    assert generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS, stop=("seven",)) == text[: text.index("seven")]
+
+
+@pytest.mark.parametrize("stop", [5, [5], ["a", None], [["a"]], b"a"], ids=["int", "ints", "none", "lists", "bytes"])
+def test_a_bad_stop_is_named(default_model, counting, stop):
+    model, tokenizer = default_model
+    prefilled = []
+    with pytest.raises(TypeError) as info:
+        generate(model, tokenizer, counting[0], stop=stop, prompt_progress_callback=lambda *n: prefilled.append(n))
+    one_line_naming(info.value, "stop", type(stop).__name__)
+    assert not prefilled
 
 
 @pytest.mark.parametrize("as_prompt", [np.array, lambda p: np.array(p, dtype=np.int32)], ids=["int64", "int32"])
