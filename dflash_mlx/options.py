@@ -127,7 +127,13 @@ class DecodeOptions:
 
     @classmethod
     def of(cls, options: Optional["DecodeOptions"] = None, **changes: Any) -> "DecodeOptions":
-        """`options` (default: the defaults) with `changes`: how the keyword API builds one."""
+        """`options` (default: the defaults) with `changes`: how the keyword API builds one.
+        Anything else in the place of `options` (a drafter one argument too far) is a TypeError."""
+        if options is not None and not isinstance(options, cls):
+            raise TypeError(
+                f"options must be a DecodeOptions or None, got {type(options).__name__} "
+                "(a drafter goes in draft_model, the argument before it)"
+            )
         unknown = sorted(set(changes) - {f.name for f in fields(cls)})
         if unknown:
             raise TypeError(f"unknown decoding option {unknown[0]!r}")

@@ -6,9 +6,11 @@
 * A prompt as a 1-D NumPy or MLX array decodes as its token list does (as in mlx-lm),
   through `generate_step` too (mlx-lm's takes an `mx.array`); a prompt of other shapes or
   of non-integers is a one-line error naming `prompt`.
-* Arguments in mlx-lm's places that mean something else here (mlx-lm's `max_tokens` or
-  `verbose` given positionally land on `draft_model`, mlx-lm's list of KV caches as
-  `prompt_cache`) and a `max_tokens` that is not an integer: one line naming the argument.
+* A drafter goes where mlx-lm's `stream_generate` takes its draft model (the 4th argument).
+  Arguments in places that mean something else here (mlx-lm's `max_tokens` or `verbose`
+  given positionally land on `draft_model`, a drafter one place further on `options`,
+  mlx-lm's list of KV caches as `prompt_cache`) and a `max_tokens` that is not an
+  integer: one line naming the argument.
 * `max_tokens=-1` is no limit, as in mlx-lm: the text runs to EOS, token for token mlx-lm's;
   `generate_step` drafts as with no `max_tokens` (not one plain step a cycle).
 """
@@ -116,6 +118,20 @@ def test_mlx_lm_positional_arguments_are_not_a_drafter(default_model, counting, 
     with pytest.raises(TypeError) as info:
         generate(model, tokenizer, counting[0], misplaced)
     one_line_naming(info.value, "draft_model", type(misplaced).__name__)
+
+
+def test_a_drafter_in_the_place_of_options_is_named(default_model, counting):
+    model, tokenizer = default_model
+    drafter = load_draft(model=model)
+    assert generate(model, tokenizer, counting[0], drafter, max_tokens=MAX_TOKENS) == counting[1]  # mlx-lm's place
+    for call in (
+        lambda: generate(model, tokenizer, counting[0], None, drafter),
+        lambda: next(stream_generate(model, tokenizer, counting[0], None, drafter)),
+        lambda: next(generate_step(counting[0], model, None, drafter)),
+    ):
+        with pytest.raises(TypeError) as info:
+            call()
+        one_line_naming(info.value, "options", "Drafter", "draft_model")
 
 
 def test_mlx_lm_prompt_cache_is_named(default_model, counting):
