@@ -140,10 +140,12 @@ class DecodeOptions:
         return replace(options or cls(), **changes)
 
     def sampling(self) -> SamplingParams:
-        """What one generation samples and accepts with. Without a seed each call draws a
+        """What one generation samples and accepts with. Sampling without a seed draws a
         fresh one from MLX's global generator (so `mx.random.seed` still makes runs
-        repeatable): call it once per generation."""
-        return SamplingParams(self.temp, self.top_p, self.top_k, fresh_seed() if self.seed is None else self.seed)
+        repeatable): call it once per generation. Greedy decoding draws nothing, as
+        mlx-lm's does not: the caller's random stream stays where it was."""
+        params = SamplingParams(self.temp, self.top_p, self.top_k, self.seed or 0)
+        return params if self.seed is not None or params.greedy else replace(params, seed=fresh_seed())
 
     def window(self, drafter: Any) -> Optional[int]:
         """The drafter's context window (None: unbounded): `draft_window`, else the config's

@@ -9,6 +9,9 @@ loop picks change what is committed.
 * `dflash_mlx.generate` takes a `DecodeOptions` positionally after the drafter, as
   `stream_generate` does: the same text as its fields given as keywords, and nothing on
   stdout unless `verbose=True` (issue 44).
+* Greedy decoding draws nothing from MLX's global generator (mlx-lm's does not either):
+  code seeded with `mx.random.seed` sees the same random stream after a greedy generation
+  (chains and trees) as without it; sampling without a seed draws its seed from it.
 * The CLI: `dflash generate --temp 0.8 --seed 1` prints the same text with and without
   `--no-draft` and with `--profile` (and the stats go to stderr, so stdout can be diffed).
 """
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import dflash_mlx  # noqa: F401  (OpenBLAS preload before the first mlx import)
 
+import mlx.core as mx
+import mlx_lm
 from typer.testing import CliRunner
 
 from app.cli.main import app
@@ -59,6 +64,24 @@ def test_generate_takes_options_positionally_and_prints_nothing(default_model, c
     verbose = generate(model, tokenizer, prompt, drafter, DecodeOptions(temp=0.9, seed=3), max_tokens=12, verbose=True)
     out = capsys.readouterr().out
     assert verbose == positional and out.startswith(positional + "\n") and "Generation: 12 tokens" in out
+
+
+def test_greedy_leaves_the_global_random_stream_alone(default_model):
+    model, tokenizer = default_model
+    drafter = load_draft(str(DEFAULT_DRAFT_DIR), model=model)
+    prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+
+    def stream_after(run) -> list[float]:
+        mx.random.seed(11)
+        run()
+        return mx.random.uniform(shape=(4,)).tolist()
+
+    untouched = stream_after(lambda: None)
+    assert stream_after(lambda: mlx_lm.generate(model, tokenizer, prompt, max_tokens=4)) == untouched
+    for options in (dict(block_size=4), dict(tree_budget=4), dict(draft_model=None)):
+        kw = {"draft_model": drafter, "max_tokens": 6, **options}
+        assert stream_after(lambda kw=kw: generate(model, tokenizer, prompt, **kw)) == untouched, options
+    assert stream_after(lambda: generate(model, tokenizer, prompt, drafter, temp=0.8, max_tokens=2)) != untouched
 
 
 def test_cli_seeded_text_equals_no_draft(default_model_dir):
