@@ -57,13 +57,15 @@ class Plan:
         max_tokens: Optional[int] = None,
     ) -> "Plan":
         """The plan of a generation: `policy` (a sequence's, carried across its turns) is
-        used when the width is adaptive, else a new one is made; fixed widths use none."""
+        used when the width is adaptive, else a new one is made, weighing trees where the
+        pair has them even in a generation without (`tree_budget=0`): the sequence keeps it
+        for turns that allow them. Fixed widths use none."""
         drafter = pair.drafter
         limit = options.block_limit(drafter)
         trees = pair.trees and options.tree_budget != 0
         fixed_tree = options.tree_budget if trees and options.tree_budget else None
         if options.adaptive(drafter) and fixed_tree is None:
-            policy = policy or new_policy(pair, trees)
+            policy = policy or new_policy(pair)
             policy.start()
         else:
             policy = None
@@ -89,11 +91,11 @@ class Plan:
 
     def next(self, produced: int) -> Width:
         """The width of the cycle after `produced` tokens, never a chain past `max_tokens`.
-        A policy's tree where trees are off (a policy passed in) is its chain."""
+        Where trees are off (`tree_budget=0`, a target without them), a policy that weighs
+        trees makes the chain policy's choice alone."""
         left = self._left(produced)
         if self.policy is not None:
-            width = self.policy.choose_width(left)
-            return width if self.trees or not width.tree else Width(min(width.size, self.limit, left))
+            return self.policy.choose_width(left) if self.trees else Width(self.policy.choose(left))
         if self.limit == 1:
             return Width(1)
         if self.fixed_tree:

@@ -4,7 +4,8 @@
   budgets and the adaptive policy) on every family that gets trees, with a random
   drafter and with scripted drafters that put the right token at chosen ranks (so that
   walks go down second and third branches, to every depth);
-* `tree_budget=0` is the chain exactly (same tokens, same cycles);
+* `tree_budget=0` is the chain exactly (same tokens, same cycles), and a sequence's turn
+  with it leaves a policy that weighs trees again at the next `tree_budget=None`;
 * hybrid gated-delta and sliding-window targets fall back to the chain, with no error;
 * sampling at T = 1 with top-p through tree cycles: the first three tokens follow the
   target's own joint distribution (chi-square), with an oracle drafter whose trees hold
@@ -170,6 +171,23 @@ def test_tree_budget_zero_is_the_chain(family):
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2])
     got, stats = dflash_tokens(model, prompt, drafter, 30, policy=AlwaysTree(), tree_budget=0)
     assert got == ref and stats.block_sizes and not any(stats.trees)
+
+
+def test_trees_come_back_after_a_turn_without_them():
+    """A chat's `/tree 0`, then `/tree auto`: the sequence's policy weighs trees again (and
+    the turn without trees verifies the chain policy's chains, never a tree's)."""
+    from dflash_mlx import speculative
+
+    model = tiny_target("llama", scale=2.0)
+    prompt = prompt_of(9, 4)
+    ref = greedy_reference(model, prompt, 24)
+    drafter = RankedDrafter(make_target(model), prompt + ref + [0] * BLOCK, RANKS[2])
+    sequence = speculative.make_prompt_cache(model, drafter)
+    for budget in (0, None, 0, None):
+        got, stats = dflash_tokens(model, prompt, drafter, 24, prompt_cache=sequence, tree_budget=budget)
+        assert got == ref and stats.block_sizes
+        assert any(stats.trees) == (budget is None), budget
+        assert budget is None or max(stats.block_sizes) <= BLOCK
 
 
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next", "gpt_oss", "llama_swa"])
