@@ -6,7 +6,10 @@ tokens), applied after every forward, as mlx-lm applies it after every step. mlx
 decodes one token a step, so a token at position p attends to a quantized cache iff
 p >= start; `Plan.kv_room` caps the cycle that would cross the start so that ours do too, and
 greedy output stays mlx-lm's with the same quantized cache (rollback trims a
-`QuantizedKVCache` as it does a `KVCache`).
+`QuantizedKVCache` as it does a `KVCache`). Quantization cannot be undone: a quantized
+cache is reused only where a fresh run would hold the prefix quantized alike (the same
+bits and group size, and the prefix reaching the start); else the prompt is prefilled
+again, so that the cache a turn leaves never changes what the next one decodes.
 
 A hybrid target's recurrent layers (gated delta, `ArraysCache`) cannot forget tokens, so
 the cache keeps snapshots (`rollback.Mark`, a few, least recently used dropped first) at
@@ -38,6 +41,9 @@ from .drafter import Drafter
 from .rollback import Mark, rewind
 
 
+#: (bits, group size, start) of mlx-lm's KV cache quantization.
+KV = tuple[int, int, int]
+
 #: Hybrid snapshots a prompt cache keeps (each holds references to the recurrent
 #: layers' states: a few conv windows and recurrent matrices, no KV).
 MARKS = 4
@@ -61,7 +67,7 @@ class PromptCache:
         self.boundary: Optional[int] = None  # a prefix length the next prefill snapshots at
         self.use_drafter(draft_model)
 
-    def quantize(self, kv: Optional[tuple[int, int, int]]) -> None:
+    def quantize(self, kv: Optional[KV]) -> None:
         """After a forward: quantize every layer's cache that has reached the start, as `kv`
         = (bits, group size, start) says (None: not at all)."""
         if kv is not None:
@@ -98,12 +104,13 @@ class PromptCache:
             kept = [m for m in self.marks if m.length != mark.length]
             self.marks = kept[-(MARKS - 1) :] + [mark]
 
-    def _rewind(self, keep: int) -> int:
+    def _rewind(self, keep: int, kv: Optional[KV]) -> int:
         """Make the target cache hold its first `keep` tokens, or as many as the longest
-        snapshot inside them gives (0: a fresh cache); how many it holds."""
+        snapshot inside them gives (0: a fresh cache, also where a fresh run quantizing as
+        `kv` says would hold them otherwise); how many it holds."""
         self.marks = [m for m in self.marks if m.length <= keep]  # the others hold other tokens
         mark = max(self.marks, key=lambda m: m.length, default=None)
-        held = rewind(self.target, len(self.tokens), keep, mark)
+        held = rewind(self.target, len(self.tokens), keep, mark) if self._quantized_as(kv, keep) else None
         if held is None:
             self.target, self.marks, held = make_target_cache(self.model), [], 0
         elif mark is not None and held == mark.length:  # used: the most recently
@@ -111,6 +118,15 @@ class PromptCache:
             self.marks.append(mark)
         self.boundary = keep if held < keep and Mark.take(self.target, held) is not None else None
         return held
+
+    def _quantized_as(self, kv: Optional[KV], keep: int) -> bool:
+        """Whether the target cache's first `keep` tokens are held as a fresh run quantizing
+        as `kv` says would hold them: not quantized, or quantized alike and past the start
+        (mlx-lm quantizes a layer once it holds `start` tokens)."""
+        quantized = [c for c in self.target if isinstance(c, QuantizedKVCache)]
+        if not quantized:
+            return True
+        return kv is not None and keep >= kv[2] and all((c.bits, c.group_size) == kv[:2] for c in quantized)
 
     def flush(self) -> None:
         """Move pending features into the drafter's context (lazily, one projection)."""
@@ -131,12 +147,13 @@ class PromptCache:
         they are of a prefix of `tokens`."""
         self.target, self.draft, self.pending, self.tokens = target, draft, [], list(tokens)
 
-    def reuse(self, prompt: Sequence[int], with_drafter: bool) -> int:
+    def reuse(self, prompt: Sequence[int], with_drafter: bool, kv: Optional[KV] = None) -> int:
         """Trim to the longest prefix shared with `prompt` (keeping at least one prompt
         token to prefill) and return its length. A target cache that cannot forget
         tokens goes back to its longest snapshot inside that prefix (a recurrent state,
-        see the module docstring), else starts over (also a wrapped window); the next
-        prefill then snapshots the shared prefix (`boundary`)."""
+        see the module docstring), else starts over (also a wrapped window, and a
+        quantized cache that a fresh run quantizing as `kv` says would not hold so); the
+        next prefill then snapshots the shared prefix (`boundary`)."""
         keep = 0
         for a, b in zip(self.tokens, prompt[:-1]):
             if a != b:
@@ -144,7 +161,7 @@ class PromptCache:
             keep += 1
         if with_drafter:
             keep = min(keep, self.draft_length)
-        keep = self._rewind(keep)
+        keep = self._rewind(keep, kv)
         self.tokens = self.tokens[:keep]
         if self.draft_length > keep:
             self.flush()

@@ -13,17 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import RotatingKVCache
 
-from .cache import PromptCache
+from .cache import KV, PromptCache
 from .options import DecodeOptions
 from .pair import Pair
 from .policy import BlockSizePolicy, Width
 from .sampling import SamplingParams
 from .tree_policy import TreePolicy
-
-#: (bits, group size, start) of mlx-lm's KV cache quantization.
-KV = tuple[int, int, int]
 
 
 def new_policy(pair: Pair, trees: bool = True) -> BlockSizePolicy:
@@ -126,12 +123,7 @@ class Plan:
 
 def check_kv(cache: PromptCache, options: DecodeOptions) -> None:
     """A ValueError (one line) where `cache` cannot be quantized as `options` say: a
-    target with sliding-window layers (mlx-lm cannot quantize those), or a cache already
-    quantized otherwise."""
-    if options.kv_bits is None:
-        return
-    if any(isinstance(c, RotatingKVCache) for c in cache.target):
+    target with sliding-window layers (mlx-lm cannot quantize those). A cache quantized
+    otherwise is prefilled again (`PromptCache.reuse`)."""
+    if options.kv_bits is not None and any(isinstance(c, RotatingKVCache) for c in cache.target):
         raise ValueError("kv_bits needs a target without sliding-window layers (mlx-lm cannot quantize them)")
-    for c in cache.target:
-        if isinstance(c, QuantizedKVCache) and (c.bits, c.group_size) != (options.kv_bits, options.kv_group_size):
-            raise ValueError(f"kv_bits: the prompt cache is quantized to {c.bits} bits in groups of {c.group_size}")

@@ -116,7 +116,7 @@ def generate_step(
     stats = stats if stats is not None else GenerationStats()
     clock = _Clock(stats, plan.policy, cycles.records)
     cache = sequence.cache
-    start = cache.reuse(prompt, with_drafter=draft_model is not None)
+    start = cache.reuse(prompt, with_drafter=draft_model is not None, kv=plan.kv)
     stats.start(plan.limit, plan.policy is not None, plan.fixed_tree, start)
     done = cycles.prefill(prompt, start, prompt_progress_callback)
     produced = 1
