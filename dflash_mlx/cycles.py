@@ -107,8 +107,12 @@ class Cycles:
 
     def prefill(self, tokens: Sequence[int], start: int, progress: Optional[Callable[[int, int], None]]) -> Cycle:
         """Prefill the target from `start`, feeding the captured features straight into
-        the drafter's context. The first token is queued, not read."""
+        the drafter's context. The first token is queued, not read. `progress` is told the
+        prompt tokens held of all (reused ones count), as mlx-lm tells it: before the first
+        forward (0 of all for a fresh cache), then after each, ending at all of them."""
         cache, hidden = self.cache, None
+        if progress:
+            progress(start, len(tokens))
         stops = [b for b in (cache.boundary,) if b is not None and start < b < len(tokens)] + [len(tokens)]
         cache.boundary = None
         for begin, end in zip([start] + stops, stops):  # a snapshot at each stop

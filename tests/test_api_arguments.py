@@ -11,6 +11,8 @@
   given positionally land on `draft_model`, a drafter one place further on `options`,
   mlx-lm's list of KV caches as `prompt_cache`) and a `max_tokens` that is not an
   integer: one line naming the argument.
+* `prompt_progress_callback` is called as mlx-lm calls it: (0, total) before the prefill,
+  then as it goes, ending at (total, total).
 * `max_tokens=-1` is no limit, as in mlx-lm: the text runs to EOS, token for token mlx-lm's;
   `generate_step` drafts as with no `max_tokens` (not one plain step a cycle).
 """
@@ -147,6 +149,19 @@ def test_max_tokens_must_be_an_integer(default_model, counting, max_tokens):
     with pytest.raises(ValueError) as info:
         list(stream_generate(model, tokenizer, counting[0], max_tokens=max_tokens))
     one_line_naming(info.value, "max_tokens", repr(max_tokens))
+
+
+def test_prompt_progress_goes_from_zero_to_the_total_as_in_mlx_lm(default_model, counting):
+    model, tokenizer = default_model
+    calls = {}
+    for name, stream in (("mlx-lm", mlx_lm.stream_generate), ("ours", stream_generate)):
+        calls[name] = []
+        progress = lambda done, total, seen=calls[name]: seen.append((done, total))  # noqa: E731
+        list(stream(model, tokenizer, counting[0], max_tokens=1, prompt_progress_callback=progress))
+    total = len(counting[0])
+    for seen in calls.values():
+        assert seen[0] == (0, total) and seen[-1] == (total, total), calls
+        assert [done for done, _ in seen] == sorted(done for done, _ in seen)
 
 
 def test_max_tokens_minus_one_is_no_limit(default_model):

@@ -75,7 +75,7 @@ def test_multi_turn_cache_reuse_is_lossless(default_model, block_size):
     )
     fresh = [r.token for r in mlx_lm.stream_generate(model, tokenizer, second, max_tokens=32)]
     assert reused == fresh
-    assert progress == [(len(second), len(second))]
+    assert progress == [(responses[-1].stats.prompt_cached, len(second)), (len(second), len(second))]
     assert responses[-1].stats.prompt_cached > len(first)  # the first turn's reply is reused too
     assert cache.tokens[: len(first)] == first
     # Toggling to target-only and back stays lossless on the same cache.
