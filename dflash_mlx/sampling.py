@@ -28,7 +28,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def filter_logprobs(logprobs: mx.array, top_p: float = 1.0, top_k: int = 0) -> mx.array:
-    """Set tokens outside the nucleus (top_p) and outside the k most likely to -inf."""
+    """Set tokens outside the nucleus (top_p) and outside the k most likely (exactly k) to -inf."""
     if 0 < top_p < 1:
         order = mx.argsort(-logprobs, axis=-1)
         ranked = mx.take_along_axis(logprobs, order, axis=-1)
@@ -38,8 +38,10 @@ def filter_logprobs(logprobs: mx.array, top_p: float = 1.0, top_k: int = 0) -> m
         threshold = mx.take_along_axis(ranked, kept - 1, axis=-1)
         logprobs = mx.where(logprobs < threshold, -mx.inf, logprobs)
     if 0 < top_k < logprobs.shape[-1]:
-        kth = mx.sort(logprobs, axis=-1)[..., -top_k, None]  # the k-th largest (top_k = 1 too)
-        logprobs = mx.where(logprobs < kth, -mx.inf, logprobs)
+        # Exactly k kept, ties at the k-th included (a threshold would keep them all), by
+        # the partition mlx-lm's top-k takes, so that tied tokens are chosen as there.
+        dropped = mx.argpartition(-logprobs, kth=top_k - 1, axis=-1)[..., top_k:]
+        logprobs = mx.put_along_axis(logprobs, dropped, mx.array(-mx.inf, logprobs.dtype), axis=-1)
     return logprobs
 
 

@@ -1,7 +1,8 @@
 """Keyed draws on synthetic distributions, and the filters against mlx-lm's.
 
 * `filter_logprobs` agrees with mlx-lm's `apply_top_p` / `apply_top_k`, and so does the
-  distribution sampling draws from (the filters, then the temperature).
+  distribution sampling draws from (the filters, then the temperature); top-k keeps
+  exactly k tokens where the k-th ties with others, as mlx-lm's does.
 * Each position's choice follows the filtered distribution and positions are independent
   (a broken variant sharing one key is caught); the noise is a function of (seed,
   position) alone; draft and target choosing with the same noise agree with probability
@@ -73,6 +74,14 @@ def test_filters_agree_with_mlx_lm(top_p, top_k):
         want = mx.softmax(mlx_lm_logprobs(logprobs, top_p, top_k) * (1.0 / temp), axis=-1)
         ours = mx.softmax(filter_logprobs(log_softmax(logits), top_p, top_k) / temp, axis=-1)
         np.testing.assert_allclose(np.array(ours), np.array(want), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 1), (1.0, 2), (1.0, 4), (0.99, 3)])
+def test_top_k_keeps_k_tokens_where_they_tie(top_p, top_k):
+    logprobs = log_softmax(mx.array([[0.0, -1.0, -1.0, -1.0, -1.0, -2.0, -3.0], [1.0] * 4 + [0.0] * 3]))
+    ours = np.isfinite(np.array(filter_logprobs(logprobs, top_p, top_k)))
+    assert (ours.sum(axis=-1) == top_k).all(), ours
+    np.testing.assert_array_equal(ours, np.isfinite(np.array(mlx_lm_logprobs(logprobs, top_p, top_k))))
 
 
 # ---------------------------------------------------------------------------
