@@ -79,9 +79,9 @@ class Plan:
 
     @property
     def probing(self) -> bool:
-        """Whether the policy's last choice is a probe of the drafter's chain (which must
-        draft: it is there to measure the drafter, whatever prompt lookup offers)."""
-        return self.policy is not None and self.policy.probe is not None
+        """Whether the policy's last choice is a probe (`BlockSizePolicy.probing`: a chain
+        that must draft, whatever prompt lookup offers)."""
+        return self.policy is not None and self.policy.probing
 
     def _left(self, produced: int) -> int:
         return max(1, self.max_tokens - produced) if self.max_tokens is not None else self.limit

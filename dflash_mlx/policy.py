@@ -181,6 +181,12 @@ class BlockSizePolicy:
             return self.probe[0]
         return best
 
+    @property
+    def probing(self) -> bool:
+        """Whether the last choice is a probe: it is there to measure the drafter, so it
+        drafts, whatever prompt lookup offers."""
+        return self.probe is not None
+
     def choose_width(self, limit: Optional[int] = None) -> Width:
         """The next cycle as a `Width` (a chain here; `TreePolicy` weighs trees too)."""
         return Width(self.choose(limit))

@@ -126,6 +126,12 @@ class TreePolicy(BlockSizePolicy):
         costs = self.costs()
         return sorted(((self.rate(Width(n + 1, True), costs), Width(n + 1, True)) for n in self.trees), reverse=True)
 
+    @property
+    def probing(self) -> bool:
+        """Whether the last choice is a probe, the chain's or a tree probe's (the chain under a
+        tree, too: a chain of prompt lookup's guess would not be reported, and the probe lost)."""
+        return super().probing or self.tree_probe is not None
+
     def choose_width(self, limit: Optional[int] = None) -> Width:
         """The next cycle: the chain policy's choice (its probe included), a tree in its place
         where the tree's expected rate beats it by `margin`, or a tree probe; chains only

@@ -4,6 +4,8 @@
   budgets and the adaptive policy) on every family that gets trees, with a random
   drafter and with scripted drafters that put the right token at chosen ranks (so that
   walks go down second and third branches, to every depth);
+* a tree policy's probe of the chain verifies the drafter's drafts, never prompt lookup's
+  guess in their place, so the probe is reported to the policy;
 * `tree_budget=0` is the chain exactly (same tokens, same cycles), and a sequence's turn
   with it leaves a policy that weighs trees again at the next `tree_budget=None`;
 * hybrid gated-delta and sliding-window targets fall back to the chain, with no error;
@@ -153,6 +155,35 @@ def test_a_tree_cycle_shows_the_chains_outcome(rank, chain):
     full = [(a, shown) for w, a, shown in policy.reports[:4]]  # far from max_tokens: full depth
     assert full and all(w.tree for w, _, _ in policy.reports)
     assert all(shown == chain and a >= chain[1] for a, shown in full), full
+
+
+class ChainProbes(TreePolicy):
+    """Probes the chain under a tree every cycle (what a `TreePolicy` does now and then
+    while it chooses a tree), with drafts never expected to pass (so that prompt lookup's
+    guess promises more); keeps the widths the loop reports."""
+
+    def __init__(self):
+        super().__init__(BLOCK, prior=0.0)
+        self.reported: list[Width] = []
+
+    def choose_width(self, limit=None) -> Width:
+        chain = Width(min(BLOCK, limit or BLOCK))
+        self.tree_probe = (chain, Width(9, True), 1.0)
+        return chain
+
+    def update_width(self, width, accepted, seconds, chain=None) -> None:
+        self.reported.append(width)
+        super().update_width(width, accepted, seconds, chain)
+
+
+def test_a_probe_of_the_chain_is_not_replaced_by_prompt_lookup():
+    model = tiny_target("llama", scale=2.0)
+    prompt = prompt_of(5, 6) * 4  # prompt lookup finds what followed each repeat
+    ref = greedy_reference(model, prompt, 16)
+    policy = ChainProbes()
+    got, stats = dflash_tokens(model, prompt, random_drafter(make_target(model)), 16, policy=policy)
+    assert got == ref and stats.block_sizes
+    assert stats.lookup_chains == 0 and len(policy.reported) == len(stats.block_sizes)
 
 
 def test_tree_budget_zero_is_the_chain(family):
