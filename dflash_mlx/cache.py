@@ -128,6 +128,15 @@ class PromptCache:
             return True
         return kv is not None and keep >= kv[2] and all((c.bits, c.group_size) == kv[:2] for c in quantized)
 
+    def _context_whole(self, keep: int, length: int) -> int:
+        """How many of the first `keep` tokens the drafter's context can go on from for a
+        prompt of `length`: all, unless its window (this generation's) reaches back to
+        tokens it dropped under a narrower one (kept: the sink before them; what followed
+        is prefilled again, since its features are gone)."""
+        c = self.draft[0]  # positions [head, tail) fell out of the window of an earlier generation
+        reach = c.head if c.window is None else max(c.head, length - c.window)  # the first the next drafts read
+        return c.head if min(c.tail, keep) > reach else keep
+
     def flush(self) -> None:
         """Move pending features into the drafter's context (lazily, one projection)."""
         if self.pending:
@@ -160,7 +169,7 @@ class PromptCache:
                 break
             keep += 1
         if with_drafter:
-            keep = min(keep, self.draft_length)
+            keep = min(keep, self.draft_length, self._context_whole(keep, len(prompt)))
         keep = self._rewind(keep, kv)
         self.tokens = self.tokens[:keep]
         if self.draft_length > keep:

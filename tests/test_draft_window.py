@@ -2,7 +2,9 @@
 first tokens and the latest ones at their own positions, bounded whatever the context;
 it changes drafts, never output (greedy equals mlx-lm's with a 3-token window); and a
 drafter with sliding-window layers drafts exactly as before when the cache's window
-covers its attention window (the mask reads the kept tokens' real positions).
+covers its attention window (the mask reads the kept tokens' real positions). A narrow
+window does not stick to a sequence: a later turn with a wider one drafts from the whole
+context it keeps (what the narrow turn dropped is prefilled again, from its sink on).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import pytest
 
+from dflash_mlx import make_prompt_cache
 from dflash_mlx.context_cache import ContextCache
 from dflash_mlx.options import DRAFT_WINDOW, DecodeOptions, OptionError
 from dflash_mlx.targets import make_target
@@ -75,3 +78,19 @@ def test_default_window():
     assert DecodeOptions().window(own) == 64
     with pytest.raises(OptionError, match="draft_window"):
         DecodeOptions(draft_window=-1)
+
+
+def test_a_narrow_window_does_not_stick_to_the_sequence():
+    model = tiny_target("llama", scale=2.0)
+    drafter = random_drafter(make_target(model), 3)
+    prompt = prompt_of(21, 2)
+    sequence = make_prompt_cache(model, drafter)
+    narrow = dict(draft_window=2, draft_sink=2)
+    first, _ = dflash_tokens(model, prompt, drafter, 8, prompt_cache=sequence, block_size=4, **narrow)
+    assert sequence.cache.draft[0].stored < sequence.cache.draft_length  # the narrow turn dropped context
+    follow = prompt + first + prompt_of(4, 5)
+    got, stats = dflash_tokens(model, follow, drafter, 8, prompt_cache=sequence, block_size=4)
+    assert got == greedy_reference(model, follow, 8)
+    sequence.cache.flush()
+    assert sequence.cache.draft[0].stored == sequence.cache.draft_length  # every token, as a fresh run keeps
+    assert stats.prompt_cached == 2  # the narrow turn's sink (draft_sink=2): kept
