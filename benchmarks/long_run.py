@@ -18,7 +18,8 @@ KINDS = ("chat", "code", "math", "stdlib")
 
 
 def evaluations(log: Path) -> list[list]:
-    """One row per held-out evaluation in a run's train_log.jsonl: step, core-hours, tau, per kind."""
+    """One row per held-out evaluation in a run's train_log.jsonl: step, core-hours, tau, per
+    kind, and the weights measured (the last step's, or the run's average under --ema)."""
     rows = []
     for line in log.read_text().splitlines():
         rec = json.loads(line)
@@ -26,6 +27,7 @@ def evaluations(log: Path) -> list[list]:
             kinds = rec.get("heldout_kinds") or {}
             rows.append([rec["step"], round(rec["core_hours"], 2), round(rec["heldout_tau"], 2)])
             rows[-1] += [round(kinds[k], 2) if k in kinds else None for k in KINDS]
+            rows[-1].append("average (--ema)" if rec.get("weights") == "ema" else "last step")
     return rows
 
 
@@ -34,6 +36,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     columns = [{"name": "step", "align": "r", "format": ","}, {"name": "core-hours", "align": "r", "format": ".2f"}]
     columns += [{"name": name, "align": "r", "format": ".2f"} for name in ("all", *KINDS)]
+    columns.append({"name": "weights", "align": "l"})
     table = {
         "commands": ["make resume-training", "dflash curves assets/train/long-run --target-tau 2.07"],
         "when": (
