@@ -14,25 +14,14 @@ import dflash_mlx.train.loop as loop
 from convert_helpers import assert_fails, cli
 from dflash_mlx.train.curves import read_curve
 from dflash_mlx.train.loop import TrainArgs, Trainer, train
-from tiny_training import random_training_data, tiny_target
+from tiny_training import random_training_data, tiny_target, tiny_train_args
 
 DECAY = 0.9  # far from 1, so that the average stays well apart from the last weights
 FLAGS = ["--block-size", "4", "--batch-size", "2", "--num-anchors", "4", "--target-layer-ids", "1,3", "--no-progress"]
 
 
-def _args(data, out, **kw) -> TrainArgs:
-    common = dict(
-        num_layers=1,
-        target_layer_ids=[1, 3],
-        block_size=4,
-        batch_size=2,
-        num_anchors=4,
-        progress=False,
-        checkpoint_every=1,
-        seed=3,
-        ema=DECAY,
-    )
-    return TrainArgs(data=str(data), out=str(out), **{**common, **kw})
+def _args(data, out, **fields) -> TrainArgs:
+    return tiny_train_args(data, out, **{"ema": DECAY, **fields})
 
 
 def _flat(drafter) -> dict[str, np.ndarray]:

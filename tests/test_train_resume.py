@@ -12,27 +12,30 @@ from mlx.utils import tree_flatten
 from dflash_mlx.drafters import load_drafter_dir
 from dflash_mlx.train.checkpoint import restore_resume_point
 from dflash_mlx.train.features import FeatureStore
-from dflash_mlx.train.loop import TrainArgs, train
-from tiny_training import random_training_data, tiny_target
-
-
-def _args(data, out, **kw) -> TrainArgs:
-    common = dict(
-        num_layers=1,
-        target_layer_ids=[1, 3],
-        block_size=4,
-        batch_size=2,
-        num_anchors=4,
-        progress=False,
-        checkpoint_every=1,
-        seed=3,
-    )
-    return TrainArgs(data=str(data), out=str(out), **{**common, **kw})
+from dflash_mlx.train.loop import train
+from tiny_training import random_training_data, tiny_target, tiny_train_args
 
 
 def _store_size(data) -> int:
     (store,) = [p for p in (data.parent / "features").iterdir() if p.is_dir()]
     return len(FeatureStore(store, [1, 3], 64, 8))
+
+
+def _batches_trained(data, monkeypatch) -> list[list[int]]:
+    """The list that the steps' batches will be recorded in, as the data's sequence indices."""
+    import dflash_mlx.train.loop as loop
+    from dflash_mlx.train.data import load_sequences
+
+    index = {tuple(t): i for i, (_, t, _) in enumerate(load_sequences(data))}
+    trained: list[list[int]] = []
+    make_batch = loop.make_batch
+
+    def recording(seqs, *rest):
+        trained.append(sorted(index[tuple(t)] for t, _ in seqs))
+        return make_batch(seqs, *rest)
+
+    monkeypatch.setattr(loop, "make_batch", recording)
+    return trained
 
 
 def _weights(path) -> dict:
@@ -43,9 +46,9 @@ def test_feature_chunks_grow_the_store_an_epoch_at_a_time(tmp_path, monkeypatch)
     """Epoch e trains on the first (e + 1) chunks: 2 sequences (1 step), then 4 (2 steps)..."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     out = tmp_path / "run"
-    train(_args(data, out, max_steps=1, feature_chunk=2), log=lambda s: None)
+    train(tiny_train_args(data, out, max_steps=1, feature_chunk=2), log=lambda s: None)
     assert _store_size(data) == 2
-    train(_args(data, out, max_steps=3, feature_chunk=2, resume=True), log=lambda s: None)
+    train(tiny_train_args(data, out, max_steps=3, feature_chunk=2, resume=True), log=lambda s: None)
     assert _store_size(data) == 4
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert (state["epoch"], state["epoch_size"]) == (1, 4)
@@ -53,7 +56,7 @@ def test_feature_chunks_grow_the_store_an_epoch_at_a_time(tmp_path, monkeypatch)
 
 def test_a_chunked_run_resumed_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
-    train(_args(data, tmp_path / "whole", max_steps=6, feature_chunk=2), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "whole", max_steps=6, feature_chunk=2), log=lambda s: None)
     shutil.rmtree(data.parent / "features")  # the second run computes its own, chunk by chunk
 
     def stop_at_step_3(line: str) -> None:  # the log line comes before that step's checkpoint
@@ -61,9 +64,9 @@ def test_a_chunked_run_resumed_ends_as_an_uninterrupted_one(tmp_path, monkeypatc
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(_args(data, tmp_path / "parts", max_steps=6, feature_chunk=2, log_every=1), log=stop_at_step_3)
+        train(tiny_train_args(data, tmp_path / "parts", max_steps=6, feature_chunk=2, log_every=1), log=stop_at_step_3)
     assert json.loads((tmp_path / "parts" / "checkpoint" / "state.json").read_text())["step"] == 2
-    train(_args(data, tmp_path / "parts", max_steps=6, feature_chunk=2, resume=True), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "parts", max_steps=6, feature_chunk=2, resume=True), log=lambda s: None)
     whole, parts = _weights(tmp_path / "whole"), _weights(tmp_path / "parts")
     assert all(mx.array_equal(whole[k], parts[k]).item() for k in whole)
 
@@ -71,14 +74,17 @@ def test_a_chunked_run_resumed_ends_as_an_uninterrupted_one(tmp_path, monkeypatc
 def test_a_chunk_below_the_batch_is_refused_before_any_work(tmp_path, monkeypatch):
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     with pytest.raises(ValueError, match="--feature-chunk must be 0 or at least --batch-size"):
-        train(_args(data, tmp_path / "run", max_steps=1, feature_chunk=1), log=lambda s: None)
+        train(tiny_train_args(data, tmp_path / "run", max_steps=1, feature_chunk=1), log=lambda s: None)
     assert not (data.parent / "features").exists()
 
 
 def test_the_resume_point_is_compact_and_a_new_machine_resumes_from_it(tmp_path, monkeypatch):
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "assets" / "long-run"
-    train(_args(data, tmp_path / "run", max_steps=3, feature_chunk=2, resume_point=str(point)), log=lambda s: None)
+    train(
+        tiny_train_args(data, tmp_path / "run", max_steps=3, feature_chunk=2, resume_point=str(point)),
+        log=lambda s: None,
+    )
     weights = mx.load(str(point / "model.safetensors"))
     moments = mx.load(str(point / "optimizer.safetensors"))
     assert {v.dtype for v in weights.values()} == {mx.float16}
@@ -93,7 +99,9 @@ def test_the_resume_point_is_compact_and_a_new_machine_resumes_from_it(tmp_path,
     restore_resume_point(point, tmp_path / "again")
     with pytest.raises(FileExistsError, match="--resume-from"):
         restore_resume_point(point, tmp_path / "again")
-    result = train(_args(data, tmp_path / "again", max_steps=5, feature_chunk=2, resume=True), log=lambda s: None)
+    result = train(
+        tiny_train_args(data, tmp_path / "again", max_steps=5, feature_chunk=2, resume=True), log=lambda s: None
+    )
     assert result["step"] == 5
     state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
     assert state["seen"] == 10
@@ -106,7 +114,7 @@ def test_a_checkpoint_comes_right_before_each_new_chunks_features(tmp_path, monk
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point, parts = tmp_path / "point", tmp_path / "parts"
     run = dict(max_steps=4, feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
-    train(_args(data, tmp_path / "whole", **run), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "whole", **run), log=lambda s: None)
     shutil.rmtree(data.parent / "features")
     passes = []
 
@@ -117,11 +125,11 @@ def test_a_checkpoint_comes_right_before_each_new_chunks_features(tmp_path, monk
                 raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(_args(data, parts, **run), log=stop_in_the_second_pass)
+        train(tiny_train_args(data, parts, **run), log=stop_in_the_second_pass)
     for state in (parts / "checkpoint" / "state.json", point / "state.json"):
         saved = json.loads(state.read_text())
         assert (saved["step"], saved["epoch"], saved["pos"], saved["epoch_size"]) == (1, 1, 0, 0)
-    train(_args(data, parts, resume=True, **run), log=lambda s: None)
+    train(tiny_train_args(data, parts, resume=True, **run), log=lambda s: None)
     whole, resumed = _weights(tmp_path / "whole"), _weights(parts)
     assert all(mx.array_equal(whole[k], resumed[k]).item() for k in whole)
 
@@ -131,28 +139,19 @@ def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, mo
     each new chunk alone as it is computed (sequences 0-1, then 2-3, then 4-5: each once),
     then goes on to the next epoch over all of them, instead of on the first chunks again
     and again (an epoch over 2, then over 4, ...)."""
-    import dflash_mlx.train.loop as loop
-    from dflash_mlx.train.data import load_sequences
-
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
     run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
-    train(_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)  # epochs of 2, 4, 6 sequences
+    train(
+        tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None
+    )  # epochs of 2, 4, 6 sequences
     assert json.loads((point / "state.json").read_text())["featured"] == 6
     shutil.rmtree(data.parent / "features")
     restore_resume_point(point, tmp_path / "again")
 
-    index = {tuple(t): i for i, (_, t, _) in enumerate(load_sequences(data))}
-    trained: list[list[int]] = []
-    make_batch = loop.make_batch
-
-    def recording(seqs, *rest):
-        trained.append(sorted(index[tuple(t)] for t, _ in seqs))
-        return make_batch(seqs, *rest)
-
-    monkeypatch.setattr(loop, "make_batch", recording)
+    trained = _batches_trained(data, monkeypatch)
     lines: list[str] = []
-    train(_args(data, tmp_path / "again", max_steps=13, resume=True, **run), log=lines.append)
+    train(tiny_train_args(data, tmp_path / "again", max_steps=13, resume=True, **run), log=lines.append)
     assert trained[:3] == [[0, 1], [2, 3], [4, 5]]
     assert sorted(sum(trained[3:], [])) == list(range(8))  # then epoch 3 over all 8
     assert [line for line in lines if line.startswith("catching up")] == [
@@ -166,31 +165,22 @@ def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_pa
     """A new machine stopped while computing a catch-up chunk's features (here: sequence 0
     of chunk 0-1 stored) computes the rest of that chunk and trains on it, not a whole
     chunk more before its first step (sequences 1-2: a pass over 0-2, chunks out of line)."""
-    import dflash_mlx.train.loop as loop
-    from dflash_mlx.train.data import load_sequences
-
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
     run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
-    train(_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
     shutil.rmtree(data.parent / "features")
     first = data.with_name("first.jsonl")  # beside the data: the same feature store
     first.write_text(data.read_text().splitlines(keepends=True)[0])
-    train(_args(first, tmp_path / "scratch", max_steps=1), log=lambda s: None)  # stores sequence 0
+    train(tiny_train_args(first, tmp_path / "scratch", max_steps=1), log=lambda s: None)  # stores sequence 0
     assert _store_size(data) == 1
     restore_resume_point(point, tmp_path / "again")
 
-    index = {tuple(t): i for i, (_, t, _) in enumerate(load_sequences(data))}
-    trained: list[list[int]] = []
-    make_batch = loop.make_batch
-
-    def recording(seqs, *rest):
-        trained.append(sorted(index[tuple(t)] for t, _ in seqs))
-        return make_batch(seqs, *rest)
-
-    monkeypatch.setattr(loop, "make_batch", recording)
+    trained = _batches_trained(data, monkeypatch)
     lines: list[str] = []
-    train(_args(data, tmp_path / "again", max_steps=9, resume=True, **run), log=lines.append)  # 3 steps on from 6
+    train(
+        tiny_train_args(data, tmp_path / "again", max_steps=9, resume=True, **run), log=lines.append
+    )  # 3 steps on from 6
     assert trained == [[0, 1], [2, 3], [4, 5]]
     assert [line for line in lines if line.startswith("features:")] == ["features: 1 sequences"] + [
         "features: 2 sequences"
@@ -213,13 +203,16 @@ def test_a_restart_mid_epoch_computes_no_features_even_after_the_chunk_grew(tmp_
     runs = {}
     for name in ("whole", "parts"):  # epochs of 2 sequences (chunk 2), then 6 and 10 (chunk 4)
         out = runs[name] = tmp_path / name
-        train(_args(data, out, max_steps=1, feature_chunk=2), log=lambda s: None)
+        train(tiny_train_args(data, out, max_steps=1, feature_chunk=2), log=lambda s: None)
         if name == "parts":
             with pytest.raises(KeyboardInterrupt):
-                train(_args(data, out, max_steps=9, feature_chunk=4, resume=True, log_every=1), log=stop_at_step_4)
+                train(
+                    tiny_train_args(data, out, max_steps=9, feature_chunk=4, resume=True, log_every=1),
+                    log=stop_at_step_4,
+                )
             assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 3  # mid-epoch 1
             assert _store_size(data) == 6
-        train(_args(data, out, max_steps=9, feature_chunk=4, resume=True), log=lambda s: None)
+        train(tiny_train_args(data, out, max_steps=9, feature_chunk=4, resume=True), log=lambda s: None)
         shutil.rmtree(data.parent / "features")
     state = json.loads((runs["parts"] / "checkpoint" / "state.json").read_text())
     assert (state["epoch"], state["epoch_size"], state["featured"]) == (2, 10, 10)
@@ -238,10 +231,10 @@ def test_a_run_resumed_after_its_last_checkpoint_logs_each_step_once(tmp_path, m
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(_args(data, tmp_path / "run", **run), log=stop_at_step_4)
+        train(tiny_train_args(data, tmp_path / "run", **run), log=stop_at_step_4)
     log = tmp_path / "run" / "train_log.jsonl"
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3]
-    train(_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
 
 
@@ -251,8 +244,8 @@ def test_a_finished_run_resumed_again_adds_no_evaluation(tmp_path, monkeypatch):
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     (tmp_path / "heldout.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     run = dict(max_steps=2, eval_minutes=1e6, eval_tokens=4)
-    train(_args(data, tmp_path / "run", **run), log=lambda s: None)
-    train(_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "run", **run), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "run", resume=True, **run), log=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "heldout_tau" in r] == [2]
 
@@ -262,7 +255,7 @@ def test_a_restored_checkpoint_keeps_every_optimizer_dtype(tmp_path, monkeypatch
     float32 and leaves the rest as it was (AdamW's step count stays an unsigned integer)."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
-    train(_args(data, tmp_path / "run", max_steps=2, resume_point=str(point)), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "run", max_steps=2, resume_point=str(point)), log=lambda s: None)
     restore_resume_point(point, tmp_path / "again")
     before = mx.load(str(tmp_path / "run" / "checkpoint" / "optimizer.npz"))
     after = mx.load(str(tmp_path / "again" / "checkpoint" / "optimizer.npz"))
@@ -275,7 +268,7 @@ def test_a_restored_run_takes_the_resume_points_log(tmp_path, monkeypatch):
     checkpoint): restoring the resume point there takes the point's log, the run's curve."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point, again = tmp_path / "point", tmp_path / "again"
-    train(_args(data, tmp_path / "run", max_steps=2, resume_point=str(point)), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "run", max_steps=2, resume_point=str(point)), log=lambda s: None)
     again.mkdir()
     (again / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0}) + "\n")
     restore_resume_point(point, again)
@@ -291,7 +284,7 @@ def test_a_rank_that_loses_the_race_to_restore_trains_from_the_winners_checkpoin
 
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
-    train(_args(data, tmp_path / "first", max_steps=2, resume_point=str(point)), log=lambda s: None)
+    train(tiny_train_args(data, tmp_path / "first", max_steps=2, resume_point=str(point)), log=lambda s: None)
     restore = checkpoint.restore_resume_point
 
     def restored_by_another_rank_meanwhile(src, out):

@@ -13,6 +13,7 @@ import numpy as np
 
 from dflash_mlx.drafter import Drafter
 from dflash_mlx.targets import make_target
+from dflash_mlx.train.checkpoint import TrainArgs
 from dflash_mlx.train.initialize import make_config
 import tiny_targets
 
@@ -90,3 +91,20 @@ def random_training_data(tmp_path, monkeypatch, model, max_token: int):
             )
     monkeypatch.setattr(loading, "load", lambda path=None, **kw: (model, TinyTok()))
     return data
+
+
+def tiny_train_args(data, out, **fields) -> TrainArgs:
+    """A run on the tiny world (`random_training_data`, `tiny_target`): one layer reading
+    layers 1 and 3, B = 4, 2 sequences of 4 blocks a step, a checkpoint every step; `fields`
+    replace any of it."""
+    common = dict(
+        num_layers=1,
+        target_layer_ids=[1, 3],
+        block_size=4,
+        batch_size=2,
+        num_anchors=4,
+        progress=False,
+        checkpoint_every=1,
+        seed=3,
+    )
+    return TrainArgs(data=str(data), out=str(out), **{**common, **fields})
