@@ -13,7 +13,7 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import pytest
 
 from dflash_mlx.atomic import atomic_file
-from dflash_mlx.cache import PromptCache, load_file, save_file
+from dflash_mlx.cache import PromptCache, cache_ids, load_file, save_file
 from dflash_mlx.targets import make_target
 from references import dflash_tokens
 from tiny_drafters import DECODE, N, prompt_of, random_drafter
@@ -86,25 +86,22 @@ def test_a_file_holds_the_used_rows(tmp_path):
     assert small < 4 * per_token + 4096, (small, per_token)  # the rest: names, shapes, metadata
 
 
-def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
-    """`dflash-chat --prompt-cache-file`: the engine loads the file, the conversation
-    follows its tokens (none of them prefilled again) and the reply is the one a fresh
-    prefill of prefix + conversation gives; a file for another model is refused in one line."""
-    from app.chat.main import main
-    from app.chat.engine import Engine, Finished, Loaded, Settings, Token
-    from dflash_mlx import load, load_draft, stream_generate
-    from dflash_mlx.cache import cache_ids
-    from dflash_mlx.messages import apply_chat_template
-    from dflash_mlx.options import DecodeOptions
-
-    model, tokenizer = load(None)
-    drafter = load_draft(None, model=model)
-    prefix = tokenizer.encode("Notes: the shop opens at nine and closes at five. " * 6)
+def _saved_prefix(tmp_path, model, drafter, prefix: list[int]) -> str:
+    """`prefix` prefilled and saved as `dflash cache-prompt` saves it (for the default pair,
+    or for the target alone where `drafter` is None); the file's path."""
     cache = PromptCache(model, drafter)
     dflash_tokens(model, prefix + prefix[-1:], drafter, 1, prompt_cache=cache)
-    cache.reuse(prefix + prefix[-1:], with_drafter=True)
+    cache.reuse(prefix + prefix[-1:], with_drafter=drafter is not None)
     path = str(tmp_path / "prefix.safetensors")
-    save_file(path, cache, *cache_ids(None, None))
+    save_file(path, cache, *cache_ids(None, None, no_draft=drafter is None))
+    return path
+
+
+def _greedy_chat_turn(path: str) -> tuple[list, list[dict]]:
+    """One greedy turn of N tokens through the chat's engine started with the prompt cache
+    file `path`: the events it sent, and the turn's messages."""
+    from app.chat.engine import Engine, Finished, Settings
+    from dflash_mlx.options import DecodeOptions
 
     events, finished = [], threading.Event()
     engine = Engine(lambda e: (events.append(e), isinstance(e, Finished) and finished.set()), prompt_cache_file=path)
@@ -114,6 +111,24 @@ def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
     engine.generate(messages, Settings(DecodeOptions(temp=0.0), max_tokens=N))
     assert finished.wait(120)
     engine.shutdown()
+    return events, messages
+
+
+def test_chat_starts_after_a_saved_prompt_cache(tmp_path, default_model_dir):
+    """`dflash-chat --prompt-cache-file`: the engine loads the file, the conversation
+    follows its tokens (none of them prefilled again) and the reply is the one a fresh
+    prefill of prefix + conversation gives; a file for another model is refused in one line."""
+    from app.chat.main import main
+    from app.chat.engine import Finished, Loaded, Token
+    from dflash_mlx import load, load_draft, stream_generate
+    from dflash_mlx.messages import apply_chat_template
+
+    model, tokenizer = load(None)
+    drafter = load_draft(None, model=model)
+    prefix = tokenizer.encode("Notes: the shop opens at nine and closes at five. " * 6)
+    path = _saved_prefix(tmp_path, model, drafter, prefix)
+
+    events, messages = _greedy_chat_turn(path)
     [loaded] = [e for e in events if isinstance(e, Loaded)]
     [done] = [e for e in events if isinstance(e, Finished)]
     assert loaded.prefix == len(prefix) and done.stats.prompt_cached == len(prefix)
@@ -130,16 +145,11 @@ def test_a_load_the_file_does_not_fit_leaves_it_for_the_next(tmp_path, default_m
     from app.chat.engine import Engine, Loaded
     from app.model_thread import Failed
     from dflash_mlx import load, load_draft
-    from dflash_mlx.cache import cache_ids
 
     model, tokenizer = load(None)
     drafter = load_draft(None, model=model)
     prefix = tokenizer.encode("Notes: the shop opens at nine.")
-    cache = PromptCache(model, drafter)
-    dflash_tokens(model, prefix + prefix[-1:], drafter, 1, prompt_cache=cache)
-    cache.reuse(prefix + prefix[-1:], with_drafter=True)
-    path = str(tmp_path / "prefix.safetensors")
-    save_file(path, cache, *cache_ids(None, None))
+    path = _saved_prefix(tmp_path, model, drafter, prefix)
 
     events, done = [], threading.Semaphore(0)
     engine = Engine(lambda e: (events.append(e), isinstance(e, Loaded) and done.release()), prompt_cache_file=path)
@@ -158,29 +168,16 @@ def test_chat_uses_a_prompt_cache_saved_without_a_drafter(tmp_path, default_mode
     chat's conversations too, with its drafter: the drafter's context starts empty, so the
     first DFlash turn prefills the prefix for it, and the reply is the one a fresh prefill gives."""
     from app.chat.main import app_from_args, check_prompt_cache
-    from app.chat.engine import Engine, Finished, Loaded, Settings, Token
+    from app.chat.engine import Loaded, Token
     from dflash_mlx import load, load_draft, stream_generate
-    from dflash_mlx.cache import cache_ids
     from dflash_mlx.messages import apply_chat_template
-    from dflash_mlx.options import DecodeOptions
 
     model, tokenizer = load(None)
     prefix = tokenizer.encode("Notes: the shop opens at nine and closes at five.")
-    cache = PromptCache(model)
-    dflash_tokens(model, prefix + prefix[-1:], None, 1, prompt_cache=cache)
-    cache.reuse(prefix + prefix[-1:], with_drafter=False)
-    path = str(tmp_path / "prefix.safetensors")
-    save_file(path, cache, *cache_ids(None, None, no_draft=True))
+    path = _saved_prefix(tmp_path, model, None, prefix)
     check_prompt_cache(app_from_args(["--prompt-cache-file", path]))  # not refused
 
-    events, finished = [], threading.Event()
-    engine = Engine(lambda e: (events.append(e), isinstance(e, Finished) and finished.set()), prompt_cache_file=path)
-    engine.start()
-    engine.load()
-    messages = [{"role": "user", "content": "When does the shop open?"}]
-    engine.generate(messages, Settings(DecodeOptions(temp=0.0), max_tokens=N))
-    assert finished.wait(120)
-    engine.shutdown()
+    events, messages = _greedy_chat_turn(path)
     [loaded] = [e for e in events if isinstance(e, Loaded)]
     assert loaded.prefix == len(prefix) and loaded.draft is not None
     prompt = prefix + apply_chat_template(tokenizer, messages)
