@@ -28,8 +28,8 @@ def main() -> None:
         tic = time.perf_counter()
         generate(model, tokenizer, prompt, drafter, max_tokens=128, policy=policy)
         print(f"plain {plain:.2f} s, ours {time.perf_counter() - tic:.2f} s")
-    print("chains (ms by size):", {k: round(1000 * v, 1) for k, v in sorted(policy.seconds.items())})
-    print("trees (ms by nodes):", {k: round(1000 * v, 1) for k, v in sorted(policy.tree_seconds.items())})
+    print("chains (ms by size):", {k: round(1000 * v.mean, 1) for k, v in sorted(policy.seconds.items())})
+    print("trees (ms by nodes):", {k: round(1000 * v.mean, 1) for k, v in sorted(policy.tree_seconds.items())})
 
 
 if __name__ == "__main__":

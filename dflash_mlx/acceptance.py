@@ -125,18 +125,26 @@ class Cost:
 
     mean: float
     count: int = 1
+    at: int = 0  # the owner's cycle count at the last sample (how fresh the mean is)
 
-    def add(self, seconds: float, memory: float) -> None:
-        """Fold one sample in (a shared machine's spikes count, but at most triple)."""
+    def add(self, seconds: float, memory: float, age: float = 0.0) -> None:
+        """Fold one sample in (a shared machine's spikes count, but at most triple). `age`:
+        how old the mean is, from 0 (measured just before) to 1 (so old that the machine's
+        speed may have changed since: the sample replaces it)."""
         self.count += 1
-        weight = max(1 - memory, 1 / self.count)
+        weight = max(1 - memory, 1 / self.count, min(age, 1.0))
         self.mean = (1 - weight) * self.mean + weight * min(seconds, 3 * self.mean)
 
 
-def charge(costs: dict[Key, Cost], key: Key, seconds: float, memory: float) -> None:
-    """Fold one measured cycle into `costs[key]` (a new record at its first sample)."""
+def charge(
+    costs: dict[Key, Cost], key: Key, seconds: float, memory: float, at: int = 0, stale: Optional[int] = None
+) -> None:
+    """Fold one cycle measured at the owner's cycle `at` into `costs[key]` (a new record at
+    its first sample); with `stale`, a mean that many cycles old is replaced, younger ones
+    weigh less the older they are (`Cost.add`'s age)."""
     record: Optional[Cost] = costs.get(key)
     if record is None:
-        costs[key] = Cost(seconds)
+        costs[key] = Cost(seconds, at=at)
     else:
-        record.add(seconds, memory)
+        record.add(seconds, memory, (at - record.at) / stale if stale else 0.0)
+        record.at = at

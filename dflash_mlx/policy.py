@@ -9,7 +9,10 @@ maximises expected committed tokens per second:
 * cost: the measured wall time of cycles of each size (`acceptance.Cost`, a slow running
   average: on a CPU a queued plain step computes when it is queued, so single plain steps
   are charged unevenly, and only their average is right); sizes not measured yet are
-  scaled from the nearest measured one along a cost model.
+  scaled from the nearest measured one along a cost model. A measured cost goes stale
+  after `STALE` choices without a sample: it is then believed no dearer than the fresh
+  ones predict, and the next sample replaces it (a width timed in a slow stretch, such as
+  the first cycles of a cold process, is otherwise never chosen, so never timed again).
 * exploration: what is never verified is never measured, so now and then the policy
   probes a larger block: one more token than it believes best, then, while probes
   accept every draft, twice as far each time (a cheap first look; big blocks only once
@@ -61,6 +64,8 @@ class Width(NamedTuple):
 #: While the chosen chain is expected to commit less than 1 + RECHECK_MARGIN tokens, plain
 #: steps are measured again now and then (see the module docstring).
 RECHECK_MARGIN = 0.25
+#: Choices after which a drafted width's measured cost is stale (`BlockSizePolicy.measured`).
+STALE = 50
 #: Probes in a row that may find nothing before the probe budget shrinks (a drafter whose
 #: first draft is accepted 40% of the time misses 4 in a row about one time in eight).
 MISSES_FREE = 3
@@ -117,6 +122,7 @@ class BlockSizePolicy:
         self.probe: Optional[tuple[int, int]] = None  # (probed size, the size it challenged)
         self.since_plain = 0  # cycles since the last plain step
         self.misses = 0  # probes in a row that accepted no draft
+        self.chosen = 0  # choices made: the clock that says how fresh a measured cost is
 
     def start(self) -> None:
         """A new generation begins: probe at its first cycle (a new prompt may suit the
@@ -133,11 +139,12 @@ class BlockSizePolicy:
 
     def costs(self) -> list[float]:
         """Estimated cost of a cycle of each size (index b - 1; seconds once anything is
-        measured). Unmeasured drafted sizes come from a least-squares line through the
-        measured ones, or, with fewer than two, from the cost model scaled to the nearest."""
+        measured): measured sizes their `measured` cost; unmeasured drafted sizes from a
+        least-squares line through the measured ones, or, with fewer than two, from the cost
+        model scaled to the nearest."""
         if not self.seconds:
             return list(self.model)
-        seconds = {m: c.mean for m, c in self.seconds.items()}
+        seconds = {m: self.measured(m, c) for m, c in self.seconds.items()}
         drafted = {m: t for m, t in seconds.items() if m > 1}
         line = fit_line(drafted) if len(drafted) > 1 else None
         out = []
@@ -152,6 +159,39 @@ class BlockSizePolicy:
                 near = min(same, key=lambda m: (abs(m - size), m))
                 out.append(self.model[size - 1] * seconds[near] / self.model[near - 1])
         return out
+
+    def measured(self, rows: int, cost: Cost, drafted: Optional[dict[int, Cost]] = None) -> float:
+        """A measured cycle's cost (`rows` verified): its mean, or, for a drafted cycle not
+        measured in the last `STALE` choices, at most what the fresh ones of `drafted` (by
+        rows; default: the chains) predict for its rows. A width measured in a slow stretch
+        (the machine's first cycles, a busy neighbour) would otherwise look dear for good:
+        never chosen, never measured again. A cost believed too low is mended by the one
+        cycle that chooses it."""
+        if rows == 1 or self.chosen - cost.at < STALE:
+            return cost.mean
+        fresh = self.fresh_cost(rows, self.seconds if drafted is None else drafted)
+        return cost.mean if fresh is None else min(cost.mean, fresh)
+
+    def fresh_cost(self, rows: int, drafted: dict[int, Cost]) -> Optional[float]:
+        """What a drafted cycle of `rows` rows costs by the drafted cycles of `drafted` (by
+        rows) measured in the last `STALE` choices: the line through them (two sizes or more,
+        where it rises), else their level along the cost model; None where there are none."""
+        fresh = {m: c.mean for m, c in drafted.items() if m > 1 and self.chosen - c.at < STALE}
+        if not fresh:
+            return None
+        if len(fresh) > 1:
+            intercept, slope = fit_line(fresh)
+            if slope >= 0:
+                return intercept + slope * rows
+        level = sum(t / self.model_cost(m) for m, t in fresh.items()) / len(fresh)
+        return level * self.model_cost(rows)
+
+    def model_cost(self, rows: int) -> float:
+        """The cost model at `rows` (carried on along its last step past the block)."""
+        if rows <= self.max_size:
+            return self.model[rows - 1]
+        step = self.model[-1] - self.model[-2] if self.max_size > 1 else 0.0
+        return self.model[-1] + step * (rows - self.max_size)
 
     def rates(self) -> list[float]:
         """Expected committed tokens per unit of cost, by size (index b - 1)."""
@@ -168,6 +208,7 @@ class BlockSizePolicy:
         """The size of the next cycle, at most `limit` (tokens still wanted)."""
         top = min(self.max_size, limit or self.max_size)
         best = self.best(top)
+        self.chosen += 1
         self.since_probe += 1
         self.since_plain = 0 if best == 1 else self.since_plain + 1
         self.probe = None
@@ -199,7 +240,7 @@ class BlockSizePolicy:
 
     def update(self, size: int, accepted: int, seconds: float) -> None:
         """Record a finished cycle: `accepted` of its `size - 1` drafts, `seconds` of wall time."""
-        charge(self.seconds, size, seconds, self.cost_memory)
+        charge(self.seconds, size, seconds, self.cost_memory, self.chosen, STALE)
         # A plain step queued before the probe was chosen reports after it: keep the probe.
         probe = self.probe if self.probe is not None and self.probe[0] == size else None
         if probe is not None:

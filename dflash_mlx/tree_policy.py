@@ -12,7 +12,7 @@ import math
 from typing import Any, Optional, Sequence
 
 from .acceptance import Cost, charge
-from .policy import BlockSizePolicy, Width, fit_line, probe_budget
+from .policy import STALE, BlockSizePolicy, Width, fit_line, probe_budget
 
 #: Tree sizes (draft nodes) an adaptive policy weighs beside chains, where the target has trees.
 TREE_SIZES = (4, 8, 16, 32)
@@ -107,15 +107,19 @@ class TreePolicy(BlockSizePolicy):
         if not width.tree:
             return costs[width.size - 1]
         if width.nodes in self.tree_seconds:
-            return self.tree_seconds[width.nodes].mean
-        drafted = {m: c.mean for m, c in self.seconds.items() if m > 1}
-        drafted.update({n + 1: c.mean for n, c in self.tree_seconds.items()})
+            return self.measured(width.size, self.tree_seconds[width.nodes], self.drafted_costs())
+        drafted = {m: c.mean for m, c in self.drafted_costs().items()}
         if len(drafted) > 1:
             intercept, slope = fit_line(drafted)
             return max(intercept + slope * width.size, costs[0], 1e-9)
         last = self.max_size - 1  # beyond the block: the chain's slope, carried on
         step = costs[last] - costs[last - 1] if last > 1 else costs[last] - costs[0]
         return costs[min(width.size, self.max_size) - 1] + max(step, 0.0) * max(width.size - self.max_size, 0)
+
+    def drafted_costs(self) -> dict[int, Cost]:
+        """The measured drafted cycles by rows verified: chains, and trees (n nodes: n + 1 rows)."""
+        chains = {m: c for m, c in self.seconds.items() if m > 1}
+        return {**chains, **{n + 1: c for n, c in self.tree_seconds.items()}}
 
     def rate(self, width: Width, costs: Optional[list[float]] = None) -> float:
         """Expected committed tokens per unit of cost of a cycle of `width`."""
@@ -169,7 +173,7 @@ class TreePolicy(BlockSizePolicy):
         probe = self.tree_probe if self.tree_probe is not None and self.tree_probe[0] == width else None
         self.tree_probe = None
         if width.tree:
-            charge(self.tree_seconds, width.nodes, seconds, self.cost_memory)
+            charge(self.tree_seconds, width.nodes, seconds, self.cost_memory, self.chosen, STALE)
             done, base = self.walks[width.nodes]  # old walks fade as new ones come (only then)
             rows = min(width.size, self.max_size)
             # what the chain of as many rows committed on the same draws (paired: far less noisy

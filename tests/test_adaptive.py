@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from dflash_mlx.policy import BlockSizePolicy, default_cost_model, interval, probe_budget
+from dflash_mlx.policy import STALE, BlockSizePolicy, default_cost_model, interval, probe_budget
 from dflash_mlx.tree_policy import TreePolicy
 
 
@@ -278,3 +278,18 @@ def test_plain_steps_measured_slow_once_are_measured_again():
     cycles = run(policy, lambda c, k: 0.0, cost, 300, random.Random(11))
     assert Counter(b for b, _ in cycles[-100:])[1] >= 80, Counter(b for b, _ in cycles)  # the rest: probes
     assert policy.costs()[0] < 1.1 and throughput(cycles[-100:], cost) >= 0.97
+
+
+def test_a_cost_measured_in_a_slow_stretch_fades():
+    """Chain 4 is measured once while the machine is slow (3x), then only chain 2 runs: once
+    the measurement is stale, chain 4 is believed no dearer than the fresh chain 2 cycles
+    predict (so it is chosen, and measured, again), and its next sample replaces the old mean."""
+    policy = BlockSizePolicy(8)
+    policy.update(4, 0, 3.0)
+    for _ in range(STALE):
+        policy.choose()
+        policy.update(2, 0, 1.0)
+    assert policy.costs()[3] == pytest.approx(default_cost_model(8)[3] / default_cost_model(8)[1])
+    policy.choose()
+    policy.update(4, 0, 1.1)
+    assert policy.costs()[3] == pytest.approx(1.1)
