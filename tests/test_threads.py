@@ -72,30 +72,22 @@ def test_core_hours_survive_resume(tmp_path, monkeypatch, restore_threads):
     """The CPU time of the training steps, summed in the checkpointed state: a resumed run
     starts from exactly the saved value and adds its own steps' (at most threads x seconds);
     a --core-hours budget stops the run once it is spent."""
-    from tiny_training import random_training_data, tiny_target
+    from tiny_training import random_training_data, tiny_target, tiny_train_args
 
-    from dflash_mlx.train.loop import TrainArgs, Trainer, train
+    from dflash_mlx.train.loop import Trainer, train
 
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
     out = tmp_path / "d"
-    common = dict(
-        data=str(data),
-        out=str(out),
-        num_layers=1,
-        target_layer_ids=[1, 3],
-        block_size=4,
-        batch_size=2,
-        num_anchors=4,
-        progress=False,
-        checkpoint_every=1,
-        log_every=1,
-    )
-    first = train(TrainArgs(max_steps=3, threads=1, **common), log=lambda s: None)
+
+    def args(**fields):
+        return tiny_train_args(data, out, seed=0, log_every=1, **fields)
+
+    first = train(args(max_steps=3, threads=1), log=lambda s: None)
     saved = json.loads((out / "checkpoint" / "state.json").read_text())
     assert 0 < saved["core_seconds"] <= 1.1 * first["elapsed"] + 0.05  # one thread: at most its wall time
 
-    resumed = Trainer(TrainArgs(max_steps=6, threads=2, resume=True, **common), log=lambda s: None)
+    resumed = Trainer(args(max_steps=6, threads=2, resume=True), log=lambda s: None)
     assert resumed.state.core_seconds == saved["core_seconds"]  # exactly, not re-measured
     second = resumed.run()
     state = json.loads((out / "checkpoint" / "state.json").read_text())
@@ -107,7 +99,7 @@ def test_core_hours_survive_resume(tmp_path, monkeypatch, restore_threads):
     assert hours[-1] == pytest.approx(state["core_seconds"] / 3600, abs=1e-5)
 
     budget = state["core_seconds"] / 3600 + 1e-7  # spent after the next step
-    third = train(TrainArgs(max_steps=None, core_hours=budget, threads=1, resume=True, **common), log=lambda s: None)
+    third = train(args(max_steps=None, core_hours=budget, threads=1, resume=True), log=lambda s: None)
     assert third["step"] == 7 and third["core_seconds"] >= budget * 3600
 
 

@@ -19,7 +19,7 @@ from dflash_mlx.drafters import load_drafter_dir, save_drafter
 from dflash_mlx.targets import make_target
 from dflash_mlx.train.features import target_pass
 from dflash_mlx.train.objective import block_forward, context_mask, loss_weights, make_batch, sample_anchors
-from tiny_training import TinyTok, random_training_data, tiny_drafter, tiny_target
+from tiny_training import TinyTok, random_training_data, tiny_drafter, tiny_target, tiny_train_args
 
 
 def target_features(target, tokens, layer_ids):
@@ -220,28 +220,17 @@ def test_tiny_training_run_learns_and_round_trips(tmp_path, monkeypatch):
 
 
 def test_checkpoint_and_resume(tmp_path, monkeypatch):
-    from dflash_mlx.train.loop import TrainArgs, train
+    from dflash_mlx.train.loop import train
 
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
     out = tmp_path / "d"
-    common = dict(
-        data=str(data),
-        out=str(out),
-        num_layers=1,
-        target_layer_ids=[1, 3],
-        block_size=4,
-        batch_size=2,
-        num_anchors=4,
-        progress=False,
-        checkpoint_every=1,
-    )
-    first = train(TrainArgs(max_steps=3, **common), log=lambda s: None)
+    first = train(tiny_train_args(data, out, seed=0, max_steps=3), log=lambda s: None)
     assert first["step"] == 3
     assert (out / "checkpoint" / "state.json").is_file()
     load_drafter_dir(out / "checkpoint")  # the checkpoint is itself a drafter
     load_drafter_dir(out)
-    second = train(TrainArgs(max_steps=5, resume=True, **common), log=lambda s: None)
+    second = train(tiny_train_args(data, out, seed=0, max_steps=5, resume=True), log=lambda s: None)
     assert second["step"] == 5
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["step"] == 5 and state["seen"] == 10
@@ -254,15 +243,11 @@ def test_sampled_vocabulary_loss(tmp_path, monkeypatch):
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=20)
     result = train(
-        TrainArgs(
-            data=str(data),
-            out=str(tmp_path / "d"),
-            num_layers=1,
-            target_layer_ids=[1, 3],
-            block_size=4,
-            batch_size=2,
-            num_anchors=4,
-            progress=False,
+        tiny_train_args(
+            data,
+            tmp_path / "d",
+            seed=0,
+            checkpoint_every=TrainArgs.checkpoint_every,
             max_steps=4,
             log_every=1,
             loss_vocab="sampled",

@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from tiny_training import TINY2, random_training_data, tiny_drafter, tiny_target
+from tiny_training import TINY2, random_training_data, tiny_drafter, tiny_target, tiny_train_args
 
 from dflash_mlx.targets import make_target
 from dflash_mlx.train.features import FeatureStore, fill_store, target_pass
@@ -149,22 +149,22 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, arch):
     """Stopping after 3 steps and resuming gives the same weights as 6 uninterrupted steps."""
     model = tiny_target(vocab=48)
     data = random_training_data(tmp_path, monkeypatch, model, max_token=40)
-    common = dict(
-        data=str(data),
-        num_layers=1,
-        target_layer_ids=[1, 3],
-        block_size=4,
-        batch_size=3,
-        num_anchors=4,
-        progress=False,
-        checkpoint_every=1,
-        max_steps=6,
-        log_every=1,
-        loss_vocab="sampled",
-        negatives=8,
-        **arch,
-    )
-    whole = train(TrainArgs(out=str(tmp_path / "whole"), **common), log=lambda s: None)
+
+    def args(out: str, **fields) -> TrainArgs:
+        return tiny_train_args(
+            data,
+            tmp_path / out,
+            seed=0,
+            batch_size=3,
+            max_steps=6,
+            log_every=1,
+            loss_vocab="sampled",
+            negatives=8,
+            **arch,
+            **fields,
+        )
+
+    whole = train(args("whole"), log=lambda s: None)
 
     class Stop(Exception):
         pass
@@ -174,8 +174,8 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, arch):
             raise Stop
 
     with pytest.raises(Stop):  # the cut run really stopped at step 3 (else "resume" would redo nothing)
-        train(TrainArgs(out=str(tmp_path / "cut"), **common), log=stop_at_step_3)
-    resumed = train(TrainArgs(out=str(tmp_path / "cut"), resume=True, **common), log=lambda s: None)
+        train(args("cut"), log=stop_at_step_3)
+    resumed = train(args("cut", resume=True), log=lambda s: None)
     assert resumed["step"] == whole["step"] == 6
     assert type(resumed["drafter"]) is type(whole["drafter"])
     a = dict(tree_flatten(whole["drafter"].parameters()))
