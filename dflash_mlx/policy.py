@@ -10,9 +10,10 @@ maximises expected committed tokens per second:
   average: on a CPU a queued plain step computes when it is queued, so single plain steps
   are charged unevenly, and only their average is right); sizes not measured yet are
   scaled from the nearest measured one along a cost model. A measured cost goes stale
-  after `STALE` choices without a sample: it is then believed no dearer than the fresh
-  ones predict, and the next sample replaces it (a width timed in a slow stretch, such as
-  the first cycles of a cold process, is otherwise never chosen, so never timed again).
+  after `STALE` choices without a sample: its next sample replaces it (a plain step's
+  too), and until then a drafted width's is believed no dearer than the fresh ones
+  predict (a width timed in a slow stretch, such as the first cycles of a cold process,
+  is otherwise never chosen, so never timed again).
 * exploration: what is never verified is never measured, so now and then the policy
   probes a larger block: one more token than it believes best, then, while probes
   accept every draft, twice as far each time (a cheap first look; big blocks only once
@@ -64,7 +65,8 @@ class Width(NamedTuple):
 #: While the chosen chain is expected to commit less than 1 + RECHECK_MARGIN tokens, plain
 #: steps are measured again now and then (see the module docstring).
 RECHECK_MARGIN = 0.25
-#: Choices after which a drafted width's measured cost is stale (`BlockSizePolicy.measured`).
+#: Choices after which a measured cost is stale: its next sample replaces it (`acceptance.charge`),
+#: and a drafted width's is meanwhile believed no dearer than fresh ones predict (`BlockSizePolicy.measured`).
 STALE = 50
 #: Probes in a row that may find nothing before the probe budget shrinks (a drafter whose
 #: first draft is accepted 40% of the time misses 4 in a row about one time in eight).
