@@ -161,6 +161,32 @@ def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, mo
     assert (state["epoch"], state["first"], state["featured"]) == (3, 0, 8)
 
 
+def test_a_catch_up_moved_to_another_machine_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """A catch-up that trained chunks 0-1 and 2-3 on one new machine and moved to another
+    goes on with chunk 4-5 there (chunk 2-3's features computed again, as its pass had not
+    moved on), then the next epoch, instead of starting the catch-up over
+    at chunk 0-1 (each move used to retrain the first chunks, and the last ones rarely)."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
+    train(tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / "second")
+    trained = _batches_trained(data, monkeypatch)
+    train(tiny_train_args(data, tmp_path / "second", max_steps=8, resume=True, **run), log=lambda s: None)
+    assert trained == [[0, 1], [2, 3]]
+    assert json.loads((point / "state.json").read_text())["first"] == 2
+
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / "third")
+    trained.clear()
+    lines: list[str] = []
+    train(tiny_train_args(data, tmp_path / "third", max_steps=12, resume=True, **run), log=lines.append)
+    assert trained[0] == [4, 5]
+    assert sorted(sum(trained[1:], [])) == list(range(6))  # then the next epoch, once each
+    assert [line for line in lines if line.startswith("features:")] == ["features: 2 sequences"] * 3
+
+
 def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_path, monkeypatch):
     """A new machine stopped while computing a catch-up chunk's features (here: sequence 0
     of chunk 0-1 stored) computes the rest of that chunk and trains on it, not a whole

@@ -85,8 +85,8 @@ class Trainer:
         self.refresh_data()
         if not resuming:
             self._initialize()
-        elif self.state.first + self.state.epoch_size > len(self.seqs):  # fewer features here: catch up
-            self.state.first, self.state.pos, self.state.epoch_size = 0, 0, len(self.seqs)
+        elif self.stored_run(self.state.first, self.state.epoch_size) < self.state.epoch_size:
+            self.state.pos, self.state.epoch_size = 0, 0  # a pass begun elsewhere: begin it again over what is here
         self.optimizer = optim.AdamW(
             learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
         )
@@ -100,7 +100,7 @@ class Trainer:
         # after the ranks' weights are made equal: every rank's average is the same
         quiet = self.log if self.rank == 0 else (lambda line: None)  # rank 0 speaks for the run
         self.average = start_average(args.ema, self.drafter, ck if resuming else None, quiet)
-        self.total = args.max_steps or max(1, int(math.ceil(args.epochs * self.data_size / args.batch_size)))
+        self.total = args.max_steps or max(1, int(math.ceil(args.epochs * len(self.seqs) / args.batch_size)))
         self.value_and_grad = nn.value_and_grad(self.drafter, self._loss)
         self._references: Optional[list[Reference]] = None  # held-out answers, made at the first evaluation
 
@@ -123,14 +123,16 @@ class Trainer:
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
                 store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
-                missing = [(k, t) for k, t, _ in seqs if k not in store]
+                window, st = seqs, self.state
                 if a.feature_chunk:  # an epoch not begun adds a chunk to what the run had; else catch up to it
-                    stored, st = len(seqs) - len(missing), self.state
-                    wanted = st.featured + (a.feature_chunk if st.epoch_size == 0 and st.first == 0 else 0)
-                    if self.catching_up(stored, len(seqs)):  # the pass's chunk, begun at `first`, and no more
-                        wanted = min(wanted, st.first + a.feature_chunk)
+                    had = seqs[: st.featured]
+                    if any(k not in store for k, _, _ in had):  # the pass's chunk, begun at `first`, and no more
+                        window = seqs[st.first : st.first + a.feature_chunk]
+                        stored = sum(k in store for k, _, _ in had)
                         self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
-                    missing = missing[: min(a.feature_chunk, max(0, wanted - stored))]
+                    else:
+                        window = seqs[: st.featured + (a.feature_chunk if st.epoch_size == 0 and st.first == 0 else 0)]
+                missing = [(k, t) for k, t, _ in window if k not in store][: a.feature_chunk or None]
                 if missing and save_first:
                     self.save()
                 if missing:
@@ -145,9 +147,8 @@ class Trainer:
         if self.world > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
-        self.data_size = len(seqs)
-        self.seqs = [s for s in seqs if s[0] in self.store]  # all of them unless --feature-chunk
-        self.state.featured = max(self.state.featured, len(self.seqs))
+        self.seqs = seqs  # in data order; a pass covers those from `first` on that have features
+        self.state.featured = max(self.state.featured, self.stored_run(0, len(seqs)))
         self.data_seconds += time.process_time() - cpu
 
     def _initialize(self) -> None:
@@ -156,24 +157,33 @@ class Trainer:
         if self.args.init == "warm":
             warm_start(self.drafter, self.target)
         else:  # "cold"
-            sample = [self.store.get(k)[0][1:] for k, _, _ in self.seqs[:8]]
+            sample = [self.store.get(k)[0][1:] for k, _, _ in self.seqs[: self.stored_run(0, 8)]]
             rms_fc_init(self.drafter, np.concatenate(sample).astype(np.float32))
 
-    def catching_up(self, stored: int, total: int) -> bool:
-        """Whether features stored here for `stored` of the data's `total` sequences are fewer
-        than the run has had (`featured`)."""
-        return stored < min(self.state.featured, total)
+    def stored_run(self, first: int, limit: int) -> int:
+        """How many sequences from data index `first` on, at most `limit`, have features here
+        without a gap."""
+        n = 0
+        while n < limit and first + n < len(self.seqs) and self.seqs[first + n][0] in self.store:
+            n += 1
+        return n
+
+    def catching_up(self) -> bool:
+        """Whether this machine lacks features for some of the sequences the run has had
+        (`featured`): a run resumed on a new machine with `--feature-chunk`."""
+        return self.stored_run(0, self.state.featured) < min(self.state.featured, len(self.seqs))
 
     def next_pass(self) -> None:
-        """After a pass over the epoch's sequences, the next epoch; but while this machine
-        stores features for fewer sequences than the run has had (`featured`: a run resumed
-        on a new machine with `--feature-chunk`), a pass over the next chunk alone, so that
-        the catch-up trains on each sequence once, as that epoch did, rather than on the
-        first chunks again and again. The pass is not begun (`epoch_size` 0) until its
-        features are computed: a checkpoint saved before them resumes it."""
+        """After a pass, the next one: it goes on from where this one ended while that is short
+        of what the run has had (`featured`), else it is the next epoch. While this machine
+        lacks features the run has had (`catching_up`), each pass is one chunk, computed as it
+        comes, so that the catch-up trains on each sequence once, as that epoch did, and goes on
+        where the last machine stopped rather than at the first chunks again. The pass is not
+        begun (`epoch_size` 0) until its features are computed: a checkpoint saved before them
+        resumes it."""
         st = self.state
-        if self.catching_up(len(self.seqs), self.data_size):
-            st.first = len(self.seqs)
+        if st.first + st.epoch_size < min(st.featured, len(self.seqs)):
+            st.first += st.epoch_size
         else:
             st.epoch, st.first = st.epoch + 1, 0
         st.pos, st.epoch_size = 0, 0
@@ -185,7 +195,8 @@ class Trainer:
         if st.pos + a.batch_size > st.epoch_size and st.pos > 0 or st.epoch_size == 0:
             if st.epoch_size:
                 self.next_pass()
-            st.pos, st.epoch_size = 0, len(self.seqs) - st.first
+            chunk = a.feature_chunk if self.catching_up() else len(self.seqs)
+            st.pos, st.epoch_size = 0, self.stored_run(st.first, chunk)
         order = list(range(st.first, st.first + st.epoch_size))
         random.Random(a.seed + st.epoch).shuffle(order)
         idx = [order[(st.pos + j) % st.epoch_size] for j in range(a.batch_size)][self.rank :: self.world]
