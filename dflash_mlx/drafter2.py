@@ -30,6 +30,7 @@ from mlx_lm.models.cache import KVCache
 
 from .drafter import DecoderLayer, Drafter, DrafterConfig
 from .sampling import Draws
+from .topk import top_k_columns
 
 if TYPE_CHECKING:
     from .target import Target
@@ -152,7 +153,7 @@ class CandidateSelector(nn.Module):
         token 0. Returns the path (n,), one position at a time: the best-scoring candidate
         when greedy, else the one whose tempered score plus the position's noise (the
         noise the target chooses with) is highest, a sample of softmax(score / temp)."""
-        candidates = mx.argpartition(-logits, self.top_k - 1, axis=-1)[:, : self.top_k]  # unordered
+        candidates = top_k_columns(logits, self.top_k)  # (n, top_k), unordered
         unary = mx.take_along_axis(logits, candidates, axis=-1).astype(mx.float32)
         query = self.hidden_projection(hidden).astype(mx.float32)  # (n, rank)
         successors = self.successor_codebook[candidates].astype(mx.float32)  # (n, k, rank)

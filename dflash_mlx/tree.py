@@ -33,6 +33,7 @@ import mlx.core as mx
 import numpy as np
 
 from .sampling import log_softmax
+from .topk import top_k_columns
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def top_candidates(logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
     vocabulary) come last and are never put in a tree."""
     k = min(k, logits.shape[-1])
     logprobs = log_softmax(logits)
-    ids = mx.argpartition(-logprobs, k - 1, axis=-1)[:, :k]
+    ids = top_k_columns(logprobs, k)
     values = mx.take_along_axis(logprobs, ids, axis=-1)
     order = mx.argsort(-values, axis=-1)
     return mx.take_along_axis(values, order, axis=-1), mx.take_along_axis(ids, order, axis=-1)

@@ -19,6 +19,8 @@ import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, _byte_decoder
 
+from dflash_mlx.topk import top_k_columns
+
 from app.model_thread import Failed
 from app.server.openai_api import TokenLogprob
 from app.server.request import CompletionRequest
@@ -181,7 +183,7 @@ def token_logprob(tokenizer: Any, token: int, logprobs: mx.array, top: int) -> T
 
     alternatives: tuple = ()
     if top:
-        ids = mx.argpartition(-logprobs, top - 1)[:top]
+        ids = top_k_columns(logprobs, top)
         ranked = sorted(zip(logprobs[ids].tolist(), ids.tolist()), reverse=True)
         alternatives = tuple(entry(i, value) for value, i in ranked)
     return entry(token, logprobs[token].item(), alternatives)

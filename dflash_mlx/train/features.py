@@ -29,6 +29,7 @@ import numpy as np
 from ..target import Target
 
 from ..targets import make_target
+from ..topk import top_k_columns
 
 _FILES = {
     "features": ("features.f16", np.float16),
@@ -138,7 +139,7 @@ def target_pass(
     view = make_target(target.model, layer_ids)  # the adapter's own forward, capturing `layer_ids`
     hidden, features = view.forward(tokens, [None] * view.num_layers)
     logits = target.lm_head(hidden).astype(mx.float32)
-    ids = mx.argpartition(-logits, top_k - 1, axis=-1)[..., :top_k].astype(mx.int32)
+    ids = top_k_columns(logits, top_k).astype(mx.int32)
     return features, ids, mx.take_along_axis(logits, ids, axis=-1)
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from ..drafter import Drafter
 from ..drafter2 import CandidateSelector, Drafter2
 from ..target import Target
+from ..topk import top_k_columns
 
 
 def default_gamma(block_size: int) -> float:
@@ -188,7 +189,7 @@ def selector_loss(
     cross-entropy over the candidates (N, B), 0 where the label is not one, and the
     selector's pick (N, B) as a column of `logits`."""
     k = min(selector.top_k, logits.shape[-1])
-    candidates = mx.stop_gradient(mx.argpartition(-logits, k - 1, axis=-1)[..., :k])  # (N, B, k) columns
+    candidates = mx.stop_gradient(top_k_columns(logits, k))  # (N, B, k) columns
     tokens = candidates if ids is None else ids[candidates]
     query = selector.hidden_projection(hidden) * selector.predecessor_codebook[predecessors]  # (N, B, rank)
     edges = (selector.successor_codebook[tokens] * query[..., None, :]).sum(-1)  # (N, B, k)
