@@ -52,11 +52,8 @@ def teacher_pass_ms(top: Callable[[mx.array, int], mx.array], repeats: int) -> f
     return median_ms(run, repeats)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the table (and write it as a BENCHMARKS render table with --json)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.top_k", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", help="write the table here (columns and rows)")
-    args = parser.parse_args(argv)
+def measure() -> list[list]:
+    """The table's rows: where, shape, k, ms of argpartition and of top_k_columns, speed-up."""
     rows = []
     for where, shape, k in SHAPES:
         x = mx.random.normal(shape, key=mx.random.key(1))
@@ -66,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([where, "x".join(map(str, shape)), k, old, new, old / new])
     old, new = teacher_pass_ms(partition, 5), teacher_pass_ms(top_k_columns, 5)
     rows.append(["whole teacher pass, one batch (SmolLM2)", "12x170 tokens", 8, old, new, old / new])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table (and write it as a BENCHMARKS render table with --json)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.top_k", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the table here (columns and rows)")
+    args = parser.parse_args(argv)
+    rows = measure()
     columns = [
         {"name": "where"},
         {"name": "shape"},

@@ -2,15 +2,18 @@
 
 CI runs on Linux CPUs, where the Metal kernels only run in the emulator. On a Mac this
 runs the kernel tests on the real GPU (test_kernel*.py), the lossless and chi-square
-suites, the whole loop on bfloat16 and 4-/8-bit targets (test_dtypes.py) and
-`dflash bench kernels`, and writes every outcome and timing to one JSON file that
+suites, the whole loop on bfloat16 and 4-/8-bit targets (test_dtypes.py),
+`dflash bench kernels` and `benchmarks/top_k.py` (whether `top_k_columns` wins on Metal too),
+and writes every outcome and timing to one JSON file that
 BENCHMARKS.md can quote. Exits non-zero if any test failed.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ SUITES = {
     "lossless": ["test_lossless.py"],
     "chi_square": ["test_sampling.py"],
     "bfloat16_and_quantized_targets": ["test_dtypes.py"],
+    "top_k_columns": ["test_topk.py"],
 }
 HERE = Path(__file__).parent
 
@@ -46,6 +50,14 @@ def run_suite(files: list[str]) -> dict:
     return {"exit_code": int(code), **counts, "failed": failed}
 
 
+def top_k_table() -> dict:
+    """`python -m benchmarks.top_k`'s table (benchmarks/ is not an installed package)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "top_k.json"
+        subprocess.run([sys.executable, "-m", "benchmarks.top_k", "--json", str(out)], cwd=HERE.parent, check=True)
+        return json.loads(out.read_text())
+
+
 def main(out: str = "mac-check.json") -> int:
     """Run every suite and the kernel bench, write the report to `out`; 1 if a test failed."""
     from app.cli.bench.kernels import kernel_table, run_kernel_bench
@@ -57,6 +69,7 @@ def main(out: str = "mac-check.json") -> int:
         report["suites"][name] = run_suite(files)
     report["bench_kernels"] = run_kernel_bench()
     print(kernel_table(report["bench_kernels"]))
+    report["top_k"] = top_k_table()
     Path(out).write_text(json.dumps(report, indent=1) + "\n")
     failed = [name for name, suite in report["suites"].items() if suite["exit_code"] not in (0, 5)]
     print(f"report: {out}; " + (f"failed: {', '.join(failed)}" if failed else "every suite passed"))
