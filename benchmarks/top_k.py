@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         {"name": "where"},
         {"name": "shape"},
         {"name": "k", "align": "r"},
-        {"name": "argpartition ms", "align": "r", "format": ".3g"},
-        {"name": "top_k_columns ms", "align": "r", "format": ".3g"},
+        {"name": "argpartition ms", "align": "r", "format": ".2f"},
+        {"name": "top_k_columns ms", "align": "r", "format": ".2f"},
         {"name": "speed-up", "align": "r", "format": ".1f"},
     ]
     for row in rows:
