@@ -101,6 +101,18 @@ def test_replay_pairs_for_a_hybrid_target():
     pairs[0][1].run()
 
 
+def test_building_the_pairs_leaves_the_global_rng_alone(quantized_llama):
+    """Tuning on a user's first generation draws its inputs from keys of its own: the
+    global RNG (mlx-lm's samplers, a user's mx.random.seed) is where it was."""
+    hybrid = tiny_target("qwen3_5").model.layers  # built first: a new model draws its weights
+    mx.random.seed(7)
+    expected = mx.random.uniform(shape=(4,))
+    mx.random.seed(7)
+    tune.qmm_pairs(tune.decoder.projections(quantized_llama.model.layers[0]), rows=range(1, 3))
+    tune.replay_pairs(hybrid, tokens=range(1, 3))
+    assert mx.array_equal(mx.random.uniform(shape=(4,)), expected).item()
+
+
 def test_bench_prints_the_choice(quantized_llama):
     """`dflash bench kernels` shows which side runs per shape and rows, or why nothing was chosen."""
     from app.cli.bench.kernels import choice_lines

@@ -35,7 +35,8 @@ def qmm_pairs(modules: list[nn.Module], rows: range = VERIFY_ROWS) -> list[tuple
     pairs = []
     for (n, k, bits, gs, dtype), p in shapes.items():
         for m in rows:
-            args = (mx.random.normal((m, k)).astype(dtype), p.weight, p.scales, p.biases, gs, bits)
+            x = mx.random.normal((m, k), key=mx.random.key(m))  # its own key: the user's global RNG is untouched
+            args = (x.astype(dtype), p.weight, p.scales, p.biases, gs, bits)
             key = qmm_key(n, k, bits, gs, dtype, m)
             custom = Step(key, True, lambda a=args: evaluated(verify_qmm(*a, use_kernel=True)))
             pairs.append((custom, Step(key, False, lambda a=args: evaluated(verify_qmm_reference(*a)))))
@@ -55,9 +56,12 @@ def replay_pairs(layers: list[nn.Module], tokens: range = REPLAY_TOKENS) -> list
         if dk > MAX_KEY_DIM:  # the kernel does not take it: nothing to choose
             continue
         for t in tokens:
-            state = mx.random.normal((1, hv, dv, dk))  # (B, Hv, Dv, Dk) float32, as the cache keeps it
-            k, v = mx.random.normal((1, t, hk, dk)).astype(dtype), mx.random.normal((1, t, hv, dv)).astype(dtype)
-            g, beta = mx.random.uniform(shape=(1, t, hv)), mx.random.uniform(shape=(1, t, hv)).astype(dtype)
+            keys = mx.random.split(mx.random.key(t), 5)  # its own keys: the user's global RNG is untouched
+            state = mx.random.normal((1, hv, dv, dk), key=keys[0])  # (B, Hv, Dv, Dk) float32, as the cache keeps it
+            k = mx.random.normal((1, t, hk, dk), key=keys[1]).astype(dtype)
+            v = mx.random.normal((1, t, hv, dv), key=keys[2]).astype(dtype)
+            g = mx.random.uniform(shape=(1, t, hv), key=keys[3])
+            beta = mx.random.uniform(shape=(1, t, hv), key=keys[4]).astype(dtype)
             args, key = (state, k, v, g, beta), replay_key(hk, hv, dv, dk, dtype, t)
             custom = Step(key, True, lambda a=args: evaluated(gated_delta_replay(*a, use_kernel=True)))
             pairs.append((custom, Step(key, False, lambda a=args: evaluated(gated_delta_replay_reference(*a)))))
