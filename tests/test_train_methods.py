@@ -59,6 +59,31 @@ def test_distillation_equals_cross_entropy_for_a_one_hot_teacher():
     np.testing.assert_allclose(np.array(distill_loss(logits, ids, one_hot)), np.array(ce), rtol=1e-5)
 
 
+@pytest.mark.parametrize("loss_vocab", ["full", "sampled"])
+def test_the_loss_is_mlxs_cross_entropy_and_the_distillation_weighted(tmp_path, monkeypatch, loss_vocab):
+    """loss_fn's two terms share one logsumexp: the loss is still (1 - d) x mlx's own
+    cross-entropy + d x the distillation loss computed apart, position-weighted."""
+    from dflash_mlx.train.loop import Trainer
+    from dflash_mlx.train.objective import block_forward, loss_fn
+
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    args = tiny_train_args(data, tmp_path / "run", max_steps=1, loss_vocab=loss_vocab, negatives=8)
+    trainer = Trainer(args, log=lambda s: None)
+    batch, vocab = trainer.batch_for_step()
+    drafter, target, w = trainer.drafter, trainer.target, trainer.weights
+    h = block_forward(drafter, batch.features, target.embed(batch.block_tokens), batch.anchors)
+    logits = h @ target.head_rows(vocab).T if vocab is not None else target.lm_head(h)
+    N, B, V = logits.shape
+    ce = nn.losses.cross_entropy(logits, batch.labels, reduction="none")
+    kd = distill_loss(
+        logits.reshape(N * B, V), batch.teacher_ids.reshape(N * B, -1), batch.teacher_logits.reshape(N * B, -1)
+    )
+    weights = w[None] * batch.valid
+    for d in (0.0, 0.5):
+        expected = (((1 - d) * ce + d * kd.reshape(N, B)) * weights).sum() / weights.sum()
+        np.testing.assert_allclose(loss_fn(drafter, target, batch, w, d, vocab)[0].item(), expected.item(), rtol=1e-5)
+
+
 def test_distillation_gradient_matches_finite_differences():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(3, 7))

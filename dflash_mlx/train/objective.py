@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from ..drafter import Drafter
@@ -165,13 +164,17 @@ def block_forward(drafter: Drafter, features: mx.array, block_embeddings: mx.arr
     return drafter.norm(h)
 
 
-def distill_loss(logits: mx.array, teacher_ids: mx.array, teacher_logits: mx.array) -> mx.array:
+def distill_loss(
+    logits: mx.array, teacher_ids: mx.array, teacher_logits: mx.array, lse: Optional[mx.array] = None
+) -> mx.array:
     """Cross-entropy of the student against the target's top-K distribution (softmax over
-    those K tokens), per position. logits (N, V); teacher_* (N, K). With a one-hot
-    teacher it equals the hard-label cross-entropy."""
+    those K tokens), per position. logits (N, V); teacher_* (N, K); lse (N, 1): the logits'
+    logsumexp where the caller has it. With a one-hot teacher it equals the hard-label
+    cross-entropy. As lse - sum(p * logits) (p sums to 1): no (N, V) log-softmax is made."""
     p = mx.softmax(teacher_logits.astype(mx.float32), axis=-1)
-    student = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    return -(p * mx.take_along_axis(student, teacher_ids, axis=-1)).sum(axis=-1)
+    if lse is None:
+        lse = mx.logsumexp(logits, axis=-1, keepdims=True)
+    return lse[:, 0] - (p * mx.take_along_axis(logits, teacher_ids, axis=-1)).sum(axis=-1)
 
 
 def selector_loss(
@@ -219,11 +222,12 @@ def loss_fn(
     h = block_forward(drafter, batch.features, emb, batch.anchors)  # (N, B, hidden)
     logits = h @ target.head_rows(vocab).T if vocab is not None else target.lm_head(h)
     N, B, V = logits.shape
-    per = nn.losses.cross_entropy(logits, batch.labels, reduction="none")  # (N, B)
+    # One logsumexp for both terms: on MLX's CPU an exp over (N, B, V) costs more than the head.
+    lse = mx.logsumexp(logits, axis=-1, keepdims=True)  # (N, B, 1)
+    per = lse[..., 0] - mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]  # cross-entropy (N, B)
     if distill > 0:
-        kd = distill_loss(
-            logits.reshape(N * B, V), batch.teacher_ids.reshape(N * B, -1), batch.teacher_logits.reshape(N * B, -1)
-        ).reshape(N, B)
+        teacher_ids, teacher_logits = batch.teacher_ids.reshape(N * B, -1), batch.teacher_logits.reshape(N * B, -1)
+        kd = distill_loss(logits.reshape(N * B, V), teacher_ids, teacher_logits, lse.reshape(N * B, 1)).reshape(N, B)
         per = (1 - distill) * per + distill * kd
     pick = mx.argmax(logits, axis=-1)
     if isinstance(drafter, Drafter2):
