@@ -226,14 +226,17 @@ class Attention(nn.Module):
         self, x: mx.array, context: tuple[mx.array, mx.array], offset: int | mx.array, mask: Optional[mx.array]
     ) -> mx.array:
         """x: (N, B, hidden) blocks at positions offset .. offset+B-1 (`offset` an int or an
-        (N,) array, one per block); context: keys and values (N, kv_heads, L, head_dim)."""
+        (N,) array, one per block); context: keys and values (N, kv_heads, L, head_dim), or
+        training's `SequenceContext`, which attends the blocks itself."""
         N, L, _ = x.shape
         q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=offset)
         k, v = self.context_kv(x, offset)
         # The block's own K/V are used once and never cached: no rollback needed.
-        keys = mx.concatenate([context[0], k], axis=2)
-        values = mx.concatenate([context[1], v], axis=2)
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        if isinstance(context, tuple):
+            keys, values = mx.concatenate([context[0], k], axis=2), mx.concatenate([context[1], v], axis=2)
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        else:
+            out = context.attend(q, k, v, self.scale)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, L, -1))
 
 
@@ -343,9 +346,7 @@ class Drafter(nn.Module):
     def embed_blocks(self, blocks: mx.array, target: "Target") -> mx.array:
         """The drafter's input (N, B, hidden) for blocks (N, B): the target's embedding times
         the config's input_embedding_scale."""
-        embeddings = target.embed(blocks)
-        scale = self.config.input_embedding_scale
-        return embeddings * scale if scale != 1.0 else embeddings
+        return target.embed(blocks) * self.config.input_embedding_scale  # x 1.0 is exact
 
     def head(self, h: mx.array, target: "Target") -> mx.array:
         """Logits (n, vocab) of normed hidden states h (n, hidden), by the target's output layer.
@@ -396,5 +397,4 @@ class Drafter(nn.Module):
         cache = self.make_cache()
         self.append_context(features, cache)
         states = [self.fc(features), *self._layer_outputs(block_embeddings, cache)]
-        peaks = [mx.abs(x).max() for x in states]
-        return float(mx.max(mx.stack(peaks)).item())
+        return float(mx.max(mx.stack([mx.abs(x).max() for x in states])).item())

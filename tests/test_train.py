@@ -18,7 +18,7 @@ from dflash_mlx.drafter import Drafter
 from dflash_mlx.drafters import load_drafter_dir, save_drafter
 from dflash_mlx.targets import make_target
 from dflash_mlx.train.features import target_pass
-from dflash_mlx.train.objective import block_forward, context_mask, loss_weights, make_batch, sample_anchors
+from dflash_mlx.train.objective import SequenceContext, block_forward, loss_weights, make_batch, sample_anchors
 from tiny_training import TinyTok, random_training_data, tiny_drafter, tiny_target, tiny_train_args
 
 
@@ -98,15 +98,42 @@ def test_train_gradient_of_a_batch_is_the_sum_over_its_sequences():
         assert mx.allclose(g, ref, atol=1e-4, rtol=1e-4).item(), name
 
 
-def test_context_mask_sees_exactly_context_before_anchor_and_own_block():
-    anchors = mx.array([[2, 5, 9]])
-    L, B = 12, 4
-    m = np.array(context_mask(anchors, L, B))[:, 0, 0]
-    assert m.shape == (3, L + B)
-    for j, a in enumerate([2, 5, 9]):
-        ctx = m[j, :L]
-        assert ctx[:a].all() and not ctx[a:].any()  # strictly before the anchor
-        assert m[j, L:].all()  # the whole own block, both ways
+def test_a_block_sees_its_sequences_context_before_its_anchor_and_its_whole_block():
+    """SequenceContext.attend: block j of sequence s reads sequence s's values at positions
+    strictly before its anchor and all of its own block's, and nothing else."""
+    S, A, KV, G, B, L, D = 2, 3, 2, 2, 4, 12, 8
+    anchors = mx.array([[2, 5, 9], [1, 6, 11]])
+    keys = mx.random.split(mx.random.key(0), 5)
+    q = mx.random.normal((S * A, KV * G, B, D), key=keys[0])
+    k, v = (mx.random.normal((S * A, KV, B, D), key=key) for key in keys[1:3])
+    ctx_k, ctx_v = (mx.random.normal((S, KV, L, D), key=key) for key in keys[3:5])
+
+    def out(ctx_v: mx.array, v: mx.array) -> np.ndarray:
+        visible = mx.arange(L) < anchors[..., None]
+        return np.array(SequenceContext(ctx_k, ctx_v, visible).attend(q, k, v, D**-0.5))
+
+    base = out(ctx_v, v)
+    for row in range(S * A):  # what attention over the row's own copy of the context gives
+        s, a = row // A, int(anchors[row // A, row % A])
+        rk, rv = (
+            mx.concatenate([ctx_k[s : s + 1, :, :a], k[row : row + 1]], 2),
+            mx.concatenate([ctx_v[s : s + 1, :, :a], v[row : row + 1]], 2),
+        )
+        ref = mx.fast.scaled_dot_product_attention(q[row : row + 1], rk, rv, scale=D**-0.5)
+        np.testing.assert_allclose(base[row], np.array(ref[0]), atol=1e-5)
+    for s in range(S):
+        for j, a in enumerate(np.array(anchors[s]).tolist()):
+            row = s * A + j
+            for pos in range(L):
+                bumped = np.array(ctx_v)
+                bumped[s, :, pos] += 1.0
+                moved = np.abs(out(mx.array(bumped), v) - base).max(axis=(1, 2, 3))
+                assert (moved[row] > 1e-4) == (pos < a), (s, j, pos)
+                assert (moved[[r for r in range(S * A) if r // A != s]] == 0).all()  # other sequences
+            own = np.array(v)
+            own[row, :, B - 1] += 1.0  # the block's last position: every row of it reads it
+            moved = np.abs(out(ctx_v, mx.array(own)) - base)
+            assert (moved[row].max(axis=(0, 2)) > 1e-4).all() and np.delete(moved, row, axis=0).max() == 0
 
 
 def test_sample_anchors_in_answer_and_labels_same_position():

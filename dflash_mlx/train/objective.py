@@ -8,7 +8,9 @@ answers) and its target features:
 2. Every block of a batch is one row of ONE drafter forward: each row attends to its
    sequence's context keys before its anchor and to its own block (both ways). The
    drafter's own layers compute it (`Attention.context_kv`, `DecoderLayer`), with the
-   anchors as per-row RoPE offsets, so training computes exactly what inference does.
+   anchors as per-row RoPE offsets, so training computes exactly what inference does; only
+   the attention's softmax over context and block runs sequence by sequence
+   (`SequenceContext`), which keeps each sequence's context once.
 3. Block position k (k >= 1) predicts the token at a + k; the loss is cross-entropy
    weighted by w_k = exp(-(k - 1) / gamma), normalised, optionally mixed with a
    distillation term against the target's own top-k distribution at that position.
@@ -136,12 +138,33 @@ def make_batch(
     return batch, keep, pos
 
 
-def context_mask(anchors: mx.array, ctx_len: int, block_size: int) -> mx.array:
-    """Boolean mask (S*A, 1, 1, ctx_len + B): block row j sees context positions < its
-    anchor, and its whole block (bidirectional, as at inference)."""
-    ctx_ok = mx.arange(ctx_len)[None] < anchors.reshape(-1, 1)  # (S*A, L)
-    own = mx.ones((ctx_ok.shape[0], block_size), dtype=mx.bool_)
-    return mx.concatenate([ctx_ok, own], axis=-1)[:, None, None]
+class SequenceContext:
+    """The context of every block of a training batch, kept once per sequence: keys and
+    values (S, kv_heads, L, head_dim) and the positions each block sees, those before its
+    anchor (S, A, L). `attend` gives each block's queries one softmax over its sequence's
+    visible context and its own block (both ways), what inference's attention over a cache
+    computes, without a copy of the context per block: the (S*A, kv_heads, L, head_dim)
+    copies and a masked attention over them took half of a long-run step on this CPU."""
+
+    def __init__(self, keys: mx.array, values: mx.array, visible: mx.array):
+        self.keys, self.values, self.visible = keys, values, visible
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        """Queries q (S*A, heads, B, head_dim) of the blocks, sequence by sequence, and the
+        blocks' own keys and values (S*A, kv_heads, B, head_dim) -> (S*A, heads, B, head_dim)."""
+        S, KV, L, D = self.keys.shape
+        N, H, B, _ = q.shape
+        A, G = N // S, H // KV  # query head h reads kv head h // G, as in grouped attention
+        q = (q * scale).reshape(S, A, KV, G * B, D).transpose(0, 2, 1, 3, 4)  # (S, KV, A, G*B, D)
+        k = k.reshape(S, A, KV, B, D).transpose(0, 2, 1, 3, 4)  # (S, KV, A, B, D)
+        v = v.reshape(S, A, KV, B, D).transpose(0, 2, 1, 3, 4)
+        seen = q.reshape(S, KV, A * G * B, D) @ self.keys.swapaxes(-1, -2)  # (S, KV, A*G*B, L)
+        seen = mx.where(self.visible[:, None, :, None, :], seen.reshape(S, KV, A, G * B, L), -mx.inf)
+        own = q @ k.swapaxes(-1, -2)  # (S, KV, A, G*B, B)
+        p = mx.softmax(mx.concatenate([seen, own], axis=-1), axis=-1)
+        out = (p[..., :L].reshape(S, KV, A * G * B, L) @ self.values).reshape(S, KV, A, G * B, D)
+        out = out + p[..., L:] @ v  # (S, KV, A, G*B, D)
+        return out.reshape(S, KV, A, G, B, D).transpose(0, 2, 1, 3, 4, 5).reshape(N, H, B, D)
 
 
 def block_forward(drafter: Drafter, features: mx.array, block_embeddings: mx.array, anchors: mx.array) -> mx.array:
@@ -151,16 +174,13 @@ def block_forward(drafter: Drafter, features: mx.array, block_embeddings: mx.arr
     cfg = drafter.config
     if any(t != "full_attention" for t in cfg.layer_types) or cfg.is_causal:
         raise NotImplementedError("training supports full-attention, non-causal drafters only")
-    A = anchors.shape[1]
     offsets = anchors.reshape(-1)
     context = drafter.project_context(features)
-    mask = context_mask(anchors, features.shape[1], block_embeddings.shape[1])
+    visible = mx.arange(features.shape[1]) < anchors[..., None]  # (S, A, L): strictly before the anchor
     h = block_embeddings
     for layer in drafter.layers:
         k, v = layer.self_attn.context_kv(context, 0)  # (S, kv_heads, L, head_dim)
-        # Row j belongs to sequence j // A. A repeat, not a gather by row index: its gradient
-        # is a sum over each sequence's rows instead of a scatter-add (cheaper on this CPU).
-        h = layer(h, (mx.repeat(k, A, axis=0), mx.repeat(v, A, axis=0)), offsets, mask)
+        h = layer(h, SequenceContext(k, v, visible), offsets, None)
     return drafter.norm(h)
 
 
