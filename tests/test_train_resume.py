@@ -187,6 +187,20 @@ def test_a_catch_up_moved_to_another_machine_goes_on_where_it_stopped(tmp_path, 
     assert [line for line in lines if line.startswith("features:")] == ["features: 2 sequences"] * 3
 
 
+def test_a_pass_past_the_end_of_shrunk_data_starts_over_at_its_first_sequence(tmp_path, monkeypatch):
+    """A run whose pass began past what its data now holds (the file was cut short) trains
+    from sequence 0 on, instead of an empty pass (a division by zero)."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    run = dict(feature_chunk=2, checkpoint_every=1000)
+    train(tiny_train_args(data, tmp_path / "run", max_steps=2, **run), log=lambda s: None)
+    state_file = tmp_path / "run" / "checkpoint" / "state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "first": 40, "pos": 2, "epoch_size": 2}))
+    trained = _batches_trained(data, monkeypatch)
+    train(tiny_train_args(data, tmp_path / "run", max_steps=3, resume=True, **run), log=lambda s: None)
+    assert len(trained) == 1 and max(trained[0]) < 6  # a new epoch over the 4 featured and one chunk more
+
+
 def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_path, monkeypatch):
     """A new machine stopped while computing a catch-up chunk's features (here: sequence 0
     of chunk 0-1 stored) computes the rest of that chunk and trains on it, not a whole

@@ -119,6 +119,8 @@ class Trainer:
                 seqs.append((k, t[: a.max_len], spans))
         if not seqs:
             raise ValueError(f"no usable sequences in {a.data}")
+        if self.state.first >= len(seqs):  # data that shrank under the run: its pass starts over at 0
+            self.state.first, self.state.pos, self.state.epoch_size = 0, 0, 0
         width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
