@@ -1,6 +1,6 @@
 """`dflash train --ema DECAY`: the moving average of the drafter's weights, what the held-out
 evaluations measure and the delivered drafter holds, kept by the checkpoint for an exact
-`--resume` and left out of the compact resume point."""
+`--resume` and by the compact resume point (in float16) for a new machine."""
 
 import json
 import os
@@ -83,25 +83,34 @@ def test_a_resumed_run_ends_with_the_weights_and_average_of_an_uninterrupted_one
         assert _equal(_file(tmp_path / "whole" / name), _file(tmp_path / "parts" / name)), name
 
 
-def test_a_run_restored_from_a_resume_point_starts_the_average_from_its_weights(tmp_path, monkeypatch):
-    """The resume point stays as compact as without --ema (no average); the run restored
-    from it says in one line that its average starts afresh, from the restored weights."""
+def test_a_run_restored_from_a_resume_point_goes_on_with_its_average(tmp_path, monkeypatch):
+    """The resume point keeps the average in float16; the run restored from it on a new
+    machine folds its next step into that average, not into one started afresh."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point, again = tmp_path / "point", tmp_path / "again"
     train(_args(data, tmp_path / "run", max_steps=2, resume_point=str(point)), log=lambda s: None)
     assert sorted(os.listdir(point)) == [
+        "average.safetensors",
         "config.json",
         "model.safetensors",
         "optimizer.safetensors",
         "state.json",
         "train_log.jsonl",
     ]
+    assert {v.dtype for v in mx.load(str(point / "average.safetensors")).values()} == {mx.float16}
+    saved = _file(point / "average.safetensors")
+    assert _close_half(saved, _file(tmp_path / "run" / "checkpoint" / "average.npz"))
+    assert not _close_half(saved, _file(point / "model.safetensors"))  # DECAY 0.9: well apart
     result = cli("train", "-d", data, "-o", again, "--resume-from", point, "--max-steps", "3", "--ema", DECAY, *FLAGS)
     assert result.exit_code == 0, result.output
-    (fresh,) = [line for line in result.output.splitlines() if line.startswith("--ema:")]
-    assert fresh.endswith("keeps no weight average (a resume point keeps none): it starts from the weights")
-    expected = _averaged(_file(point / "model.safetensors"), _file(again / "checkpoint" / "model.safetensors"))
+    assert not [line for line in result.output.splitlines() if line.startswith("--ema:")]
+    expected = _averaged(saved, _file(again / "checkpoint" / "model.safetensors"))
     assert _close(_file(again / "checkpoint" / "average.npz"), expected)
+
+
+def _close_half(a: dict, b: dict) -> bool:
+    """Equal up to float16's rounding."""
+    return a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=1e-3, atol=1e-4) for k in a)
 
 
 def test_a_run_resumed_with_ema_that_had_none_starts_it_from_its_weights(tmp_path, monkeypatch):

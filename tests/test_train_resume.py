@@ -89,6 +89,7 @@ def test_the_resume_point_is_compact_and_a_new_machine_resumes_from_it(tmp_path,
     moments = mx.load(str(point / "optimizer.safetensors"))
     assert {v.dtype for v in weights.values()} == {mx.float16}
     assert {v.dtype for v in moments.values() if v.size > 1} == {mx.bfloat16}
+    assert not [k for k in moments if k.endswith(".m")] and [k for k in moments if k.endswith(".v")]
     assert json.loads((point / "state.json").read_text())["step"] == 3
     original = _weights(tmp_path / "run")
     assert all(np.allclose(np.array(original[k]), np.array(weights[k].astype(mx.float32)), atol=1e-3) for k in original)
@@ -105,6 +106,32 @@ def test_the_resume_point_is_compact_and_a_new_machine_resumes_from_it(tmp_path,
     assert result["step"] == 5
     state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
     assert state["seen"] == 10
+
+
+def test_a_restored_run_re_warms_its_first_moments_and_keeps_its_second(tmp_path, monkeypatch):
+    """The resume point carries AdamW's second moments (bfloat16), not its first: restored,
+    the first moments are zero (smaller first steps), the second as saved. A point saved
+    before session 27, first moments and all, restores them too."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    train(tiny_train_args(data, tmp_path / "run", max_steps=3, resume_point=str(point)), log=lambda s: None)
+    full = mx.load(str(tmp_path / "run" / "checkpoint" / "optimizer.npz"))
+    restore_resume_point(point, tmp_path / "again")
+    restored = mx.load(str(tmp_path / "again" / "checkpoint" / "optimizer.npz"))
+    assert restored.keys() == full.keys()
+    for k, v in full.items():
+        if k.endswith(".m"):
+            assert not restored[k].any().item() and full[k].any().item(), k
+        elif k.endswith(".v"):
+            np.testing.assert_allclose(np.array(restored[k]), np.array(v), rtol=1e-2, atol=1e-12)
+    older = tmp_path / "older"  # the format before: every moment
+    shutil.copytree(point, older)
+    mx.save_safetensors(
+        str(older / "optimizer.safetensors"), {k: v.astype(mx.bfloat16) if v.size > 1 else v for k, v in full.items()}
+    )
+    restore_resume_point(older, tmp_path / "older-run")
+    old = mx.load(str(tmp_path / "older-run" / "checkpoint" / "optimizer.npz"))
+    assert all(old[k].any().item() for k in old if k.endswith(".m"))
 
 
 def test_a_checkpoint_comes_right_before_each_new_chunks_features(tmp_path, monkeypatch):

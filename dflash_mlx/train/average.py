@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..drafter import Drafter
 
-AVERAGE_FILE = "average.npz"  # in the checkpoint, beside optimizer.npz (not in the compact resume point)
+AVERAGE_FILE = "average.npz"  # in the checkpoint, beside optimizer.npz (the resume point keeps it in float16)
 
 
 def _trainable(drafter: Drafter) -> dict[str, mx.array]:
@@ -74,12 +74,12 @@ def start_average(
 ) -> Optional[WeightAverage]:
     """The run's weight average: None without `decay` (no --ema); the one `checkpoint` keeps
     (a resumed run); else one that starts at the drafter's current weights, which a resumed
-    run says in one line (a checkpoint restored from a resume point keeps no average, nor
-    does one of a run without --ema)."""
+    run says in one line (a checkpoint of a run without --ema keeps none, nor does one
+    restored from a resume point saved before session 27)."""
     if decay is None:
         return None
     if checkpoint is not None and (checkpoint / AVERAGE_FILE).is_file():
         return WeightAverage(decay, dict(mx.load(str(checkpoint / AVERAGE_FILE))))
     if checkpoint is not None:
-        log("--ema: the checkpoint keeps no weight average (a resume point keeps none): it starts from the weights")
+        log("--ema: the checkpoint keeps no weight average: it starts from the weights")
     return WeightAverage.of(decay, drafter)

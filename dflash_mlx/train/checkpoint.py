@@ -23,6 +23,8 @@ from ..drafter2 import DFLASH2_FIELDS
 from ..drafters import drafter_files, write_drafter_files
 from .average import AVERAGE_FILE, WeightAverage
 
+RESUME_AVERAGE = "average.safetensors"  # the weight average in the resume point (float16)
+
 
 @dataclass
 class TrainArgs:
@@ -186,17 +188,27 @@ def open_log(out: Path, step: int) -> tuple[TextIO, list[dict]]:
 
 def save_resume_point(out: Path, dest: Path) -> None:
     """Copy `out`'s checkpoint into `dest` compactly, for a run that must survive a new
-    machine: the weights in float16, AdamW's moments in bfloat16 (float16 would flush the
-    second moments, ~1e-10, to zero), the state, and the run's log (its held-out tau
-    against core-hours); not the weight average (`--ema`), which a run restored from it
-    starts afresh. About 3/4 smaller than the checkpoint; `restore_resume_point` turns it
-    back into one. Replaced whole, like the checkpoint."""
+    machine: the weights and the weight average (`--ema`) in float16, AdamW's second
+    moments in bfloat16 (float16 would flush them, ~1e-10, to zero), the state, and the
+    run's log (its held-out tau against core-hours). Not the first moments: a run restored
+    from it starts them at zero, which makes its first ~10 steps smaller (beta1 0.9), where
+    second moments at zero would make them larger; the average carried instead keeps the
+    evaluations after a move measuring a mature average. About 3/4 smaller than the
+    checkpoint; `restore_resume_point` turns it back into one. Replaced whole, like the
+    checkpoint."""
     ck = out / "checkpoint"
     weights = {k: v.astype(mx.float16) for k, v in mx.load(str(ck / "model.safetensors")).items()}
-    moments = {k: v.astype(mx.bfloat16) if v.size > 1 else v for k, v in mx.load(str(ck / "optimizer.npz")).items()}
+    moments = {
+        k: v.astype(mx.bfloat16) if v.size > 1 else v
+        for k, v in mx.load(str(ck / "optimizer.npz")).items()
+        if not k.endswith(".m")
+    }
     with atomic_directory(dest, overwrite=True) as tmp:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         mx.save_safetensors(str(tmp / "optimizer.safetensors"), moments)
+        if (ck / AVERAGE_FILE).is_file():
+            average = {k: v.astype(mx.float16) for k, v in mx.load(str(ck / AVERAGE_FILE)).items()}
+            mx.save_safetensors(str(tmp / RESUME_AVERAGE), average)
         for name in ("config.json", "state.json"):
             shutil.copyfile(ck / name, tmp / name)
         if (out / "train_log.jsonl").is_file():
@@ -216,9 +228,14 @@ def restore_resume_point(src: Path, out: Path) -> None:
         k: v.astype(mx.float32) if v.dtype in narrowed else v
         for k, v in mx.load(str(src / "optimizer.safetensors")).items()
     }
+    for k in [k for k in moments if k.endswith(".v") and k[:-2] + ".m" not in moments]:
+        moments[k[:-2] + ".m"] = mx.zeros_like(moments[k])  # first moments re-warm (see `save_resume_point`)
     with atomic_directory(out / "checkpoint") as tmp:
         write_drafter_files(tmp, weights, json.loads((src / "config.json").read_text()))
         mx.savez(str(tmp / "optimizer.npz"), **moments)
+        if (src / RESUME_AVERAGE).is_file():
+            average = {k: v.astype(mx.float32) for k, v in mx.load(str(src / RESUME_AVERAGE)).items()}
+            mx.savez(str(tmp / AVERAGE_FILE), **average)
         shutil.copyfile(src / "state.json", tmp / "state.json")
     if (src / "train_log.jsonl").is_file():  # a log in OUT without a checkpoint is no run's to continue
         write_text_atomic(out / "train_log.jsonl", (src / "train_log.jsonl").read_text())
