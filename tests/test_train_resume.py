@@ -214,6 +214,30 @@ def test_a_catch_up_moved_to_another_machine_goes_on_where_it_stopped(tmp_path, 
     assert [line for line in lines if line.startswith("features:")] == ["features: 2 sequences"] * 3
 
 
+def test_a_catch_up_stops_at_what_the_run_had_before_new_data(tmp_path, monkeypatch):
+    """A run that had 5 of 8 sequences, resumed on a new machine with chunks of 2, catches
+    up over 0-1, 2-3 and 4 alone: the sequences it never had (5-7) join at the next epoch,
+    one chunk more, not inside the catch-up."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[:5]))
+    train(
+        tiny_train_args(data, tmp_path / "run", max_steps=5, feature_chunk=2, resume_point=str(point)),
+        log=lambda s: None,
+    )
+    assert json.loads((point / "state.json").read_text())["featured"] == 5
+    data.write_text("".join(lines))  # new data arrives; then a new machine
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / "again")
+    trained = _batches_trained(data, monkeypatch)
+    train(tiny_train_args(data, tmp_path / "again", max_steps=11, feature_chunk=2, resume=True), log=lambda s: None)
+    assert trained[:3] == [[0, 1], [2, 3], [4, 4]]  # a pass of one sequence fills its batch with it
+    assert max(sum(trained[3:], [])) <= 6  # the next epoch: 0-4 and one chunk more (5-6)
+    state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
+    assert (state["first"], state["epoch_size"], state["featured"]) == (0, 7, 7)
+
+
 def test_a_pass_past_the_end_of_shrunk_data_starts_over_at_its_first_sequence(tmp_path, monkeypatch):
     """A run whose pass began past what its data now holds (the file was cut short) trains
     from sequence 0 on, instead of an empty pass (a division by zero)."""

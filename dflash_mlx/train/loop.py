@@ -129,7 +129,7 @@ class Trainer:
                 if a.feature_chunk:  # an epoch not begun adds a chunk to what the run had; else catch up to it
                     had = seqs[: st.featured]
                     if any(k not in store for k, _, _ in had):  # the pass's chunk, begun at `first`, and no more
-                        window = seqs[st.first : st.first + a.feature_chunk]
+                        window = seqs[st.first : min(st.first + a.feature_chunk, st.featured)]
                         stored = sum(k in store for k, _, _ in had)
                         self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
                     else:
@@ -197,7 +197,7 @@ class Trainer:
         if st.pos + a.batch_size > st.epoch_size and st.pos > 0 or st.epoch_size == 0:
             if st.epoch_size:
                 self.next_pass()
-            chunk = a.feature_chunk if self.catching_up() else len(self.seqs)
+            chunk = min(a.feature_chunk, st.featured - st.first) if self.catching_up() else len(self.seqs)
             st.pos, st.epoch_size = 0, self.stored_run(st.first, chunk)
         order = list(range(st.first, st.first + st.epoch_size))
         random.Random(a.seed + st.epoch).shuffle(order)
