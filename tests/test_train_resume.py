@@ -163,9 +163,9 @@ def test_a_checkpoint_comes_right_before_each_new_chunks_features(tmp_path, monk
 
 def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, monkeypatch):
     """A run that had features for 6 sequences, resumed where none are stored, trains on
-    each new chunk alone as it is computed (sequences 0-1, then 2-3, then 4-5: each once),
-    then goes on to the next epoch over all of them, instead of on the first chunks again
-    and again (an epoch over 2, then over 4, ...)."""
+    each new slice alone as it is computed (every third sequence: 0 and 3, 1 and 4, 2 and 5;
+    each once, each slice a sample of the whole data), then goes on to the next epoch over
+    all of them, instead of on the first chunks again and again (an epoch over 2, then 4)."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
     run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
@@ -179,7 +179,7 @@ def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, mo
     trained = _batches_trained(data, monkeypatch)
     lines: list[str] = []
     train(tiny_train_args(data, tmp_path / "again", max_steps=13, resume=True, **run), log=lines.append)
-    assert trained[:3] == [[0, 1], [2, 3], [4, 5]]
+    assert trained[:3] == [[0, 3], [1, 4], [2, 5]]
     assert sorted(sum(trained[3:], [])) == list(range(8))  # then epoch 3 over all 8
     assert [line for line in lines if line.startswith("catching up")] == [
         f"catching up: features here for {n} of the run's 6 sequences" for n in (0, 2, 4)
@@ -189,10 +189,10 @@ def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, mo
 
 
 def test_a_catch_up_moved_to_another_machine_goes_on_where_it_stopped(tmp_path, monkeypatch):
-    """A catch-up that trained chunks 0-1 and 2-3 on one new machine and moved to another
-    goes on with chunk 4-5 there (chunk 2-3's features computed again, as its pass had not
-    moved on), then the next epoch, instead of starting the catch-up over
-    at chunk 0-1 (each move used to retrain the first chunks, and the last ones rarely)."""
+    """A catch-up that trained slices {0, 3} and {1, 4} on one new machine and moved to
+    another goes on with slice {2, 5} there (slice {1, 4}'s features computed again, as its
+    pass had not moved on), then the next epoch, instead of starting the catch-up over
+    (each move used to retrain the first chunks, and the last ones rarely)."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
     run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
@@ -201,23 +201,41 @@ def test_a_catch_up_moved_to_another_machine_goes_on_where_it_stopped(tmp_path, 
     restore_resume_point(point, tmp_path / "second")
     trained = _batches_trained(data, monkeypatch)
     train(tiny_train_args(data, tmp_path / "second", max_steps=8, resume=True, **run), log=lambda s: None)
-    assert trained == [[0, 1], [2, 3]]
-    assert json.loads((point / "state.json").read_text())["first"] == 2
+    assert trained == [[0, 3], [1, 4]]
+    assert json.loads((point / "state.json").read_text())["first"] == 1  # the slice
 
     shutil.rmtree(data.parent / "features")
     restore_resume_point(point, tmp_path / "third")
     trained.clear()
     lines: list[str] = []
     train(tiny_train_args(data, tmp_path / "third", max_steps=12, resume=True, **run), log=lines.append)
-    assert trained[0] == [4, 5]
+    assert trained[0] == [2, 5]
     assert sorted(sum(trained[1:], [])) == list(range(6))  # then the next epoch, once each
     assert [line for line in lines if line.startswith("features:")] == ["features: 2 sequences"] * 3
 
 
+def test_a_data_order_catch_up_saved_before_slices_begins_one_at_slice_0(tmp_path, monkeypatch):
+    """A resume point saved in the middle of a catch-up by contiguous chunks (before session
+    27's slices: no `catch_up` in its state, `first` a sequence) begins a sliced catch-up of
+    its epoch on a new machine."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
+    train(tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
+    state = json.loads((point / "state.json").read_text())
+    del state["catch_up"]
+    (point / "state.json").write_text(json.dumps({**state, "first": 2, "pos": 0, "epoch_size": 0}))
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / "again")
+    trained = _batches_trained(data, monkeypatch)
+    train(tiny_train_args(data, tmp_path / "again", max_steps=8, resume=True, **run), log=lambda s: None)
+    assert trained == [[0, 3], [1, 4]]
+
+
 def test_a_catch_up_stops_at_what_the_run_had_before_new_data(tmp_path, monkeypatch):
     """A run that had 5 of 8 sequences, resumed on a new machine with chunks of 2, catches
-    up over 0-1, 2-3 and 4 alone: the sequences it never had (5-7) join at the next epoch,
-    one chunk more, not inside the catch-up."""
+    up over {0, 3}, {1, 4} and {2} alone: the sequences it never had (5-7) join at the next
+    epoch, one chunk more, not inside the catch-up."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
     lines = data.read_text().splitlines(keepends=True)
@@ -232,7 +250,7 @@ def test_a_catch_up_stops_at_what_the_run_had_before_new_data(tmp_path, monkeypa
     restore_resume_point(point, tmp_path / "again")
     trained = _batches_trained(data, monkeypatch)
     train(tiny_train_args(data, tmp_path / "again", max_steps=11, feature_chunk=2, resume=True), log=lambda s: None)
-    assert trained[:3] == [[0, 1], [2, 3], [4, 4]]  # a pass of one sequence fills its batch with it
+    assert trained[:3] == [[0, 3], [1, 4], [2, 2]]  # a pass of one sequence fills its batch with it
     assert max(sum(trained[3:], [])) <= 6  # the next epoch: 0-4 and one chunk more (5-6)
     state = json.loads((tmp_path / "again" / "checkpoint" / "state.json").read_text())
     assert (state["first"], state["epoch_size"], state["featured"]) == (0, 7, 7)
@@ -253,9 +271,9 @@ def test_a_pass_past_the_end_of_shrunk_data_starts_over_at_its_first_sequence(tm
 
 
 def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_path, monkeypatch):
-    """A new machine stopped while computing a catch-up chunk's features (here: sequence 0
-    of chunk 0-1 stored) computes the rest of that chunk and trains on it, not a whole
-    chunk more before its first step (sequences 1-2: a pass over 0-2, chunks out of line)."""
+    """A new machine stopped while computing a catch-up slice's features (here: sequence 0
+    of slice {0, 3} stored) computes the rest of that slice and trains on it, not a whole
+    chunk more before its first step."""
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     point = tmp_path / "point"
     run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
@@ -272,7 +290,7 @@ def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_pa
     train(
         tiny_train_args(data, tmp_path / "again", max_steps=9, resume=True, **run), log=lines.append
     )  # 3 steps on from 6
-    assert trained == [[0, 1], [2, 3], [4, 5]]
+    assert trained == [[0, 3], [1, 4], [2, 5]]
     assert [line for line in lines if line.startswith("features:")] == ["features: 1 sequences"] + [
         "features: 2 sequences"
     ] * 2

@@ -4,8 +4,10 @@ The target is frozen and never runs inside a step: its features and top-K distri
 come from the on-disk `FeatureStore`, filled once before training (and for sequences
 appended to the data since, at each epoch). With `feature_chunk` the store grows by at
 most that many sequences (in data order) at each epoch, and an epoch covers the stored
-ones: training starts at once on a new machine instead of after hours of target passes;
-a run resumed there catches up a chunk at a time, each trained on once (`next_pass`).
+ones: training starts at once on a new machine instead of after hours of target passes.
+A run resumed there catches up in passes of a chunk, each over every n-th sequence it had
+(a sample of the whole data, which is in source order: contiguous chunks of one source
+moved the drafter toward it), trained on once; moved again, it goes on at its slice.
 A checkpoint (and the resume point) is saved right before each new chunk's target pass,
 so that a session ending during that long pass loses none of the epoch before it.
 A step samples anchors in a batch of sequences, runs every block through the drafter in
@@ -17,6 +19,7 @@ each rank takes its share of every batch and gradients are averaged.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -85,7 +88,7 @@ class Trainer:
         self.refresh_data()
         if not resuming:
             self._initialize()
-        elif self.stored_run(self.state.first, self.state.epoch_size) < self.state.epoch_size:
+        elif not all(self.seqs[i][0] in self.store for i in self.pass_indices()):
             self.state.pos, self.state.epoch_size = 0, 0  # a pass begun elsewhere: begin it again over what is here
         self.optimizer = optim.AdamW(
             learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
@@ -119,21 +122,25 @@ class Trainer:
                 seqs.append((k, t[: a.max_len], spans))
         if not seqs:
             raise ValueError(f"no usable sequences in {a.data}")
-        if self.state.first >= len(seqs):  # data that shrank under the run: its pass starts over at 0
-            self.state.first, self.state.pos, self.state.epoch_size = 0, 0, 0
+        st = self.state
+        if st.first >= len(seqs):  # data that shrank under the run: its pass starts over at 0
+            st.first, st.pos, st.epoch_size, st.catch_up = 0, 0, 0, False
         width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
                 store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
-                window, st = seqs, self.state
+                window = seqs
                 if a.feature_chunk:  # an epoch not begun adds a chunk to what the run had; else catch up to it
                     had = seqs[: st.featured]
-                    if any(k not in store for k, _, _ in had):  # the pass's chunk, begun at `first`, and no more
-                        window = seqs[st.first : min(st.first + a.feature_chunk, st.featured)]
+                    if any(k not in store for k, _, _ in had):  # the pass's slice of what the run had
+                        if not st.catch_up:  # a catch-up begins here: at slice 0, the epoch's passes over
+                            st.catch_up, st.first, st.pos, st.epoch_size = True, 0, 0, 0
+                        window = had[st.first :: self.slices(len(seqs))]
                         stored = sum(k in store for k, _, _ in had)
                         self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
-                    else:
-                        window = seqs[: st.featured + (a.feature_chunk if st.epoch_size == 0 and st.first == 0 else 0)]
+                    else:  # a catch-up's passes compute nothing more; an epoch not begun, one chunk more
+                        grow = a.feature_chunk if st.epoch_size == 0 and st.first == 0 and not st.catch_up else 0
+                        window = seqs[: st.featured + grow]
                 missing = [(k, t) for k, t, _ in window if k not in store][: a.feature_chunk or None]
                 if missing and save_first:
                     self.save()
@@ -146,8 +153,10 @@ class Trainer:
                             self.cfg.target_layer_ids,
                             on_progress=lambda done, total: (advance(done), self.threads.poll()),
                         )
-        if self.world > 1:
-            mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # barrier: the store is complete
+        if self.world > 1:  # a barrier (the store is complete) that brings rank 0's pass to every rank
+            where = [int(st.catch_up), st.first, st.pos, st.epoch_size] if self.rank == 0 else [0, 0, 0, 0]
+            flag, st.first, st.pos, st.epoch_size = mx.distributed.all_sum(mx.array(where)).tolist()
+            st.catch_up = bool(flag)
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
         self.seqs = seqs  # in data order; a pass covers those from `first` on that have features
         self.state.featured = max(self.state.featured, self.stored_run(0, len(seqs)))
@@ -163,31 +172,33 @@ class Trainer:
             rms_fc_init(self.drafter, np.concatenate(sample).astype(np.float32))
 
     def stored_run(self, first: int, limit: int) -> int:
-        """How many sequences from data index `first` on, at most `limit`, have features here
-        without a gap."""
-        n = 0
-        while n < limit and first + n < len(self.seqs) and self.seqs[first + n][0] in self.store:
-            n += 1
-        return n
+        """How many sequences from data index `first` on, at most `limit`, have features here."""
+        return sum(1 for _ in itertools.takewhile(lambda s: s[0] in self.store, self.seqs[first : first + limit]))
 
-    def catching_up(self) -> bool:
-        """Whether this machine lacks features for some of the sequences the run has had
-        (`featured`): a run resumed on a new machine with `--feature-chunk`."""
-        return self.stored_run(0, self.state.featured) < min(self.state.featured, len(self.seqs))
+    def slices(self, total: int) -> int:
+        """Catch-up passes over the run's `featured` sequences (of `total`): one a chunk."""
+        return max(1, math.ceil(min(self.state.featured, total) / self.args.feature_chunk))
+
+    def pass_indices(self) -> list[int]:
+        """The data indices of the current pass: a catch-up's slice (every n-th sequence the
+        run had, from `first`), else `epoch_size` sequences from `first`."""
+        st = self.state
+        if st.catch_up:
+            return list(range(st.first, min(st.featured, len(self.seqs)), self.slices(len(self.seqs))))
+        return list(range(st.first, st.first + st.epoch_size))
 
     def next_pass(self) -> None:
-        """After a pass, the next one: it goes on from where this one ended while that is short
-        of what the run has had (`featured`), else it is the next epoch. While this machine
-        lacks features the run has had (`catching_up`), each pass is one chunk, computed as it
-        comes, so that the catch-up trains on each sequence once, as that epoch did, and goes on
-        where the last machine stopped rather than at the first chunks again. The pass is not
-        begun (`epoch_size` 0) until its features are computed: a checkpoint saved before them
+        """After a pass, the next one: the catch-up's next slice (see the module docstring),
+        else the rest of what the run has had, else the next epoch. The pass is not begun
+        (`epoch_size` 0) until its features are computed: a checkpoint saved before them
         resumes it."""
         st = self.state
-        if st.first + st.epoch_size < min(st.featured, len(self.seqs)):
+        if st.catch_up and st.first + 1 < self.slices(len(self.seqs)):
+            st.first += 1
+        elif not st.catch_up and st.first + st.epoch_size < min(st.featured, len(self.seqs)):
             st.first += st.epoch_size
         else:
-            st.epoch, st.first = st.epoch + 1, 0
+            st.epoch, st.first, st.catch_up = st.epoch + 1, 0, False
         st.pos, st.epoch_size = 0, 0
         self.refresh_data(save_first=True)
 
@@ -197,9 +208,9 @@ class Trainer:
         if st.pos + a.batch_size > st.epoch_size and st.pos > 0 or st.epoch_size == 0:
             if st.epoch_size:
                 self.next_pass()
-            chunk = min(a.feature_chunk, st.featured - st.first) if self.catching_up() else len(self.seqs)
-            st.pos, st.epoch_size = 0, self.stored_run(st.first, chunk)
-        order = list(range(st.first, st.first + st.epoch_size))
+            size = len(self.pass_indices()) if st.catch_up else self.stored_run(st.first, len(self.seqs))
+            st.pos, st.epoch_size = 0, size
+        order = self.pass_indices()
         random.Random(a.seed + st.epoch).shuffle(order)
         idx = [order[(st.pos + j) % st.epoch_size] for j in range(a.batch_size)][self.rank :: self.world]
         st.pos += a.batch_size
@@ -257,14 +268,8 @@ class Trainer:
         c, v = np.array(correct).reshape(-1, B), np.array(valid).reshape(-1, B)
         st.positions += int(v.sum()) * self.world
         tau_sum, blocks = block_acceptance(c, v, B)
-        return {
-            "loss": loss.item(),
-            "grad_norm": gnorm.item(),
-            "correct": c.sum(0),
-            "count": v.sum(0),
-            "tau_sum": tau_sum,
-            "blocks": blocks,
-        }
+        stats = {"loss": loss.item(), "grad_norm": gnorm.item(), "correct": c.sum(0), "count": v.sum(0)}
+        return {**stats, "tau_sum": tau_sum, "blocks": blocks}
 
     def heldout_tau(self) -> dict:
         """Greedy tau of the current drafter on the first held-out prompts, all and per kind,
