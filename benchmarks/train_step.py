@@ -6,7 +6,7 @@
   masked `scaled_dot_product_attention`, the old `block_forward`) against `SequenceContext`,
   which keeps each sequence's context once;
 - the loss: each term with its own logsumexp (mlx's `cross_entropy` beside `distill_loss`)
-  against the one logsumexp `loss_fn` shares between them.
+  against the one logsumexp `position_loss` shares between them.
 
     python -m benchmarks.train_step   # from the repository root, on an idle machine
 """
@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from dflash_mlx.kernels.choice import seconds
-from dflash_mlx.train.objective import SequenceContext, distill_loss
+from dflash_mlx.train.objective import SequenceContext, distill_loss, position_loss
 
 S, A, B, L, H, KV, D = 4, 64, 8, 346, 9, 3, 64  # sequences, blocks each, block, context, heads
 N, VOCAB, HIDDEN, K = S * A, 2914, 576, 8
@@ -56,20 +56,17 @@ def loss_ms() -> tuple[float, float]:
     h = mx.random.normal((N, B, HIDDEN), key=keys[0])
     head = mx.random.normal((VOCAB, HIDDEN), key=keys[1]) * HIDDEN**-0.5
     labels = mx.random.randint(0, VOCAB, (N, B), key=keys[2])
-    teacher_ids = mx.random.randint(0, VOCAB, (N * B, K), key=keys[3])
-    teacher_logits = mx.random.normal((N * B, K), key=keys[4])
+    teacher_ids = mx.random.randint(0, VOCAB, (N, B, K), key=keys[3])
+    teacher_logits = mx.random.normal((N, B, K), key=keys[4])
 
     def apart(h):
         logits = h @ head.T
         ce = nn.losses.cross_entropy(logits, labels, reduction="none")
-        return ce + distill_loss(logits.reshape(N * B, VOCAB), teacher_ids, teacher_logits).reshape(N, B)
+        kd = distill_loss(logits.reshape(N * B, VOCAB), teacher_ids.reshape(N * B, K), teacher_logits.reshape(N * B, K))
+        return 0.5 * ce + 0.5 * kd.reshape(N, B)
 
     def shared(h):
-        logits = h @ head.T
-        lse = mx.logsumexp(logits, axis=-1, keepdims=True)
-        ce = lse[..., 0] - mx.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-        kd = distill_loss(logits.reshape(N * B, VOCAB), teacher_ids, teacher_logits, lse.reshape(N * B, 1))
-        return ce + kd.reshape(N, B)
+        return position_loss(h @ head.T, labels, teacher_ids, teacher_logits, 0.5)
 
     return ms(apart, h), ms(shared, h)
 

@@ -6,7 +6,8 @@ holding one of the k - 1 larger entries can rank above it. So a partition over t
 V / BLOCK block maxima, then one over the k * BLOCK entries of the chosen blocks, find
 what one partition over all V columns finds (the same values; among equal values, maybe
 other columns). On MLX's CPU backend that is ~20x faster for a 49K vocabulary; the teacher
-pass of training, the drafter's tree candidates and DFlash2's selector use it.
+pass of training, the drafter's tree candidates, DFlash2's selector (decoding and training)
+and the server's logprobs use it.
 """
 
 from __future__ import annotations

@@ -125,6 +125,7 @@ class Trainer:
         st = self.state
         if st.first >= len(seqs):  # data that shrank under the run: its pass starts over at 0
             st.first, st.pos, st.epoch_size, st.catch_up = 0, 0, 0, False
+        self.seqs = seqs  # in data order; a pass covers those from `first` on that have features
         width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
@@ -135,7 +136,7 @@ class Trainer:
                     if any(k not in store for k, _, _ in had):  # the pass's slice of what the run had
                         if not st.catch_up:  # a catch-up begins here: at slice 0, the epoch's passes over
                             st.catch_up, st.first, st.pos, st.epoch_size = True, 0, 0, 0
-                        window = had[st.first :: self.slices(len(seqs))]
+                        window = [seqs[i] for i in self.pass_indices()]
                         stored = sum(k in store for k, _, _ in had)
                         self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
                     else:  # a catch-up's passes compute nothing more; an epoch not begun, one chunk more
@@ -158,7 +159,6 @@ class Trainer:
             flag, st.first, st.pos, st.epoch_size = mx.distributed.all_sum(mx.array(where)).tolist()
             st.catch_up = bool(flag)
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
-        self.seqs = seqs  # in data order; a pass covers those from `first` on that have features
         self.state.featured = max(self.state.featured, self.stored_run(0, len(seqs)))
         self.data_seconds += time.process_time() - cpu
 
@@ -175,16 +175,16 @@ class Trainer:
         """How many sequences from data index `first` on, at most `limit`, have features here."""
         return sum(1 for _ in itertools.takewhile(lambda s: s[0] in self.store, self.seqs[first : first + limit]))
 
-    def slices(self, total: int) -> int:
-        """Catch-up passes over the run's `featured` sequences (of `total`): one a chunk."""
-        return max(1, math.ceil(min(self.state.featured, total) / self.args.feature_chunk))
+    def slices(self) -> int:
+        """Catch-up passes over the run's `featured` sequences: one a chunk."""
+        return max(1, math.ceil(min(self.state.featured, len(self.seqs)) / self.args.feature_chunk))
 
     def pass_indices(self) -> list[int]:
         """The data indices of the current pass: a catch-up's slice (every n-th sequence the
         run had, from `first`), else `epoch_size` sequences from `first`."""
         st = self.state
         if st.catch_up:
-            return list(range(st.first, min(st.featured, len(self.seqs)), self.slices(len(self.seqs))))
+            return list(range(st.first, min(st.featured, len(self.seqs)), self.slices()))
         return list(range(st.first, st.first + st.epoch_size))
 
     def next_pass(self) -> None:
@@ -193,7 +193,7 @@ class Trainer:
         (`epoch_size` 0) until its features are computed: a checkpoint saved before them
         resumes it."""
         st = self.state
-        if st.catch_up and st.first + 1 < self.slices(len(self.seqs)):
+        if st.catch_up and st.first + 1 < self.slices():
             st.first += 1
         elif not st.catch_up and st.first + st.epoch_size < min(st.featured, len(self.seqs)):
             st.first += st.epoch_size

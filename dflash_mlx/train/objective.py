@@ -223,6 +223,22 @@ def selector_loss(
     return mx.where(is_label.any(-1), ce, 0.0), pick
 
 
+def position_loss(
+    logits: mx.array, labels: mx.array, teacher_ids: mx.array, teacher_logits: mx.array, distill: float
+) -> mx.array:
+    """(1 - distill) * cross-entropy + distill * distillation at each position (N, B), of
+    logits (N, B, V), labels (N, B) and the teacher's top-K (N, B, K). Both terms share one
+    logsumexp: on MLX's CPU an exp over (N, B, V) costs more than the head."""
+    N, B, V = logits.shape
+    lse = mx.logsumexp(logits, axis=-1, keepdims=True)  # (N, B, 1)
+    per = lse[..., 0] - mx.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]  # cross-entropy
+    if distill <= 0:
+        return per
+    ids, teacher = teacher_ids.reshape(N * B, -1), teacher_logits.reshape(N * B, -1)
+    kd = distill_loss(logits.reshape(N * B, V), ids, teacher, lse.reshape(N * B, 1)).reshape(N, B)
+    return (1 - distill) * per + distill * kd
+
+
 def loss_fn(
     drafter: Drafter,
     target: Target,
@@ -241,14 +257,7 @@ def loss_fn(
     emb = mx.stop_gradient(target.embed(batch.block_tokens))
     h = block_forward(drafter, batch.features, emb, batch.anchors)  # (N, B, hidden)
     logits = h @ target.head_rows(vocab).T if vocab is not None else target.lm_head(h)
-    N, B, V = logits.shape
-    # One logsumexp for both terms: on MLX's CPU an exp over (N, B, V) costs more than the head.
-    lse = mx.logsumexp(logits, axis=-1, keepdims=True)  # (N, B, 1)
-    per = lse[..., 0] - mx.take_along_axis(logits, batch.labels[..., None], axis=-1)[..., 0]  # cross-entropy (N, B)
-    if distill > 0:
-        teacher_ids, teacher_logits = batch.teacher_ids.reshape(N * B, -1), batch.teacher_logits.reshape(N * B, -1)
-        kd = distill_loss(logits.reshape(N * B, V), teacher_ids, teacher_logits, lse.reshape(N * B, 1)).reshape(N, B)
-        per = (1 - distill) * per + distill * kd
+    per = position_loss(logits, batch.labels, batch.teacher_ids, batch.teacher_logits, distill)
     pick = mx.argmax(logits, axis=-1)
     if isinstance(drafter, Drafter2):
         label_ids = vocab[batch.labels] if vocab is not None else batch.labels
