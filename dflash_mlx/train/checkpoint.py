@@ -132,7 +132,7 @@ class TrainState:
     pos: int = 0  # sequences of this epoch already used
     epoch_size: int = 0
     first: int = 0  # the pass's first sequence (0 but while data grows), or a catch-up pass's slice number
-    catch_up: bool = False  # a catch-up pass: every n-th sequence the run had, from `first` (`Trainer.next_pass`)
+    catch_up: bool = False  # a catch-up pass: every n-th sequence the run had, from `first` (`passes.py`)
     featured: int = 0  # sequences the run has had features for (on whichever machine)
     seen: int = 0  # sequences
     positions: int = 0  # labelled block positions trained on

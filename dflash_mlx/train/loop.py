@@ -1,15 +1,10 @@
 """The training loop: data order, optimiser, schedule, checkpoints, held-out tau.
 
 The target is frozen and never runs inside a step: its features and top-K distribution
-come from the on-disk `FeatureStore`, filled once before training (and for sequences
-appended to the data since, at each epoch). With `feature_chunk` the store grows by at
-most that many sequences (in data order) at each epoch, and an epoch covers the stored
-ones: training starts at once on a new machine instead of after hours of target passes.
-A run resumed there catches up in passes of a chunk, each over every n-th sequence it had
-(a sample of the whole data, which is in source order: contiguous chunks of one source
-moved the drafter toward it), trained on once; moved again, it goes on at its slice.
-A checkpoint (and the resume point) is saved right before each new chunk's target pass,
-so that a session ending during that long pass loses none of the epoch before it.
+come from the on-disk `FeatureStore`, filled before each pass with what it needs
+(`passes.py`: which sequences a pass covers, on a new machine too). A checkpoint (and the
+resume point) is saved right before each new chunk's target pass, so that a session ending
+during that long pass loses none of the epoch before it.
 A step samples anchors in a batch of sequences, runs every block through the drafter in
 one forward (`objective`), and takes one AdamW step. Everything a step draws at random comes from a generator seeded by
 (seed, step, rank), and the epoch order from (seed, epoch): `--resume` continues exactly
@@ -19,10 +14,8 @@ each rank takes its share of every batch and gradients are averaged.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import random
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -39,6 +32,7 @@ from ..drafters import load_drafter_dir
 from ..targets import make_target
 from .data import load_sequences
 from .features import FeatureStore, fill_store
+from .passes import Passes
 from .threads import ThreadControl
 from .average import start_average
 from .initialize import new_drafter, rms_fc_init, warm_start
@@ -85,10 +79,11 @@ class Trainer:
         self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
         self.threads = ThreadControl(args.threads)  # also for the feature pass
         self.data_seconds = 0.0  # CPU time of refresh_data during the current step (not training)
+        self.passes = Passes(self.state, args.feature_chunk, lambda key: key in self.store)
         self.refresh_data()
         if not resuming:
             self._initialize()
-        elif not all(self.seqs[i][0] in self.store for i in self.pass_indices()):
+        elif not self.passes.all_stored():
             self.state.pos, self.state.epoch_size = 0, 0  # a pass begun elsewhere: begin it again over what is here
         self.optimizer = optim.AdamW(
             learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
@@ -110,11 +105,12 @@ class Trainer:
     # ------------------------------------------------------------------ data
 
     def refresh_data(self, save_first: bool = False) -> None:
-        """(Re)read the data (it may grow while training) and compute missing features:
-        rank 0 fills the store (with `save_first`, after saving a checkpoint where there are
-        features to compute), the others wait for it and reopen it. Its CPU time goes to
-        `data_seconds`, not to the training steps' core-hours (recipes compare per step's worth)."""
-        a, cpu = self.args, time.process_time()
+        """(Re)read the data (it may grow while training) and compute the features the coming
+        pass needs (`Passes.to_feature`): rank 0 fills the store (with `save_first`, after
+        saving a checkpoint where there are features to compute), the others wait for it and
+        reopen it. Its CPU time goes to `data_seconds`, not to the training steps' core-hours
+        (recipes compare per step's worth)."""
+        a, st, cpu = self.args, self.state, time.process_time()
         seqs = []
         for k, t, spans in load_sequences(a.data):
             spans = [(s, min(e, a.max_len)) for s, e in spans if s < min(e, a.max_len) - 1]
@@ -122,33 +118,23 @@ class Trainer:
                 seqs.append((k, t[: a.max_len], spans))
         if not seqs:
             raise ValueError(f"no usable sequences in {a.data}")
-        st = self.state
-        if st.first >= len(seqs):  # data that shrank under the run: its pass starts over at 0
-            st.first, st.pos, st.epoch_size, st.catch_up = 0, 0, 0, False
-        self.seqs = seqs  # in data order; a pass covers those from `first` on that have features
+        self.seqs = seqs  # in data order
+        self.passes.set_data([k for k, _, _ in seqs])
         width = len(self.cfg.target_layer_ids) * self.cfg.hidden_size
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
-                store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
-                window = seqs
-                if a.feature_chunk:  # an epoch not begun adds a chunk to what the run had; else catch up to it
-                    had = seqs[: st.featured]
-                    if any(k not in store for k, _, _ in had):  # the pass's slice of what the run had
-                        if not st.catch_up:  # a catch-up begins here: at slice 0, the epoch's passes over
-                            st.catch_up, st.first, st.pos, st.epoch_size = True, 0, 0, 0
-                        window = [seqs[i] for i in self.pass_indices()]
-                        stored = sum(k in store for k, _, _ in had)
-                        self.log(f"catching up: features here for {stored} of the run's {st.featured} sequences")
-                    else:  # a catch-up's passes compute nothing more; an epoch not begun, one chunk more
-                        grow = a.feature_chunk if st.epoch_size == 0 and st.first == 0 and not st.catch_up else 0
-                        window = seqs[: st.featured + grow]
-                missing = [(k, t) for k, t, _ in window if k not in store][: a.feature_chunk or None]
+                self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
+                wanted = self.passes.to_feature()
+                missing = [seqs[i][:2] for i in wanted if seqs[i][0] not in self.store][: a.feature_chunk or None]
+                if missing and st.catch_up:
+                    here = sum(k in self.store for k, _, _ in seqs[: st.featured])
+                    self.log(f"catching up: features here for {here} of the run's {st.featured} sequences")
                 if missing and save_first:
                     self.save()
                 if missing:
                     with count_bar("features", len(missing), self.args.progress, self.log) as advance:
                         fill_store(
-                            store,
+                            self.store,
                             self.target,
                             dict(missing),
                             self.cfg.target_layer_ids,
@@ -159,7 +145,7 @@ class Trainer:
             flag, st.first, st.pos, st.epoch_size = mx.distributed.all_sum(mx.array(where)).tolist()
             st.catch_up = bool(flag)
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
-        self.state.featured = max(self.state.featured, self.stored_run(0, len(seqs)))
+        self.passes.features_done()
         self.data_seconds += time.process_time() - cpu
 
     def _initialize(self) -> None:
@@ -168,52 +154,18 @@ class Trainer:
         if self.args.init == "warm":
             warm_start(self.drafter, self.target)
         else:  # "cold"
-            sample = [self.store.get(k)[0][1:] for k, _, _ in self.seqs[: self.stored_run(0, 8)]]
+            sample = [self.store.get(k)[0][1:] for k, _, _ in self.seqs[: self.passes.stored_run(0, 8)]]
             rms_fc_init(self.drafter, np.concatenate(sample).astype(np.float32))
-
-    def stored_run(self, first: int, limit: int) -> int:
-        """How many sequences from data index `first` on, at most `limit`, have features here."""
-        return sum(1 for _ in itertools.takewhile(lambda s: s[0] in self.store, self.seqs[first : first + limit]))
-
-    def slices(self) -> int:
-        """Catch-up passes over the run's `featured` sequences: one a chunk."""
-        return max(1, math.ceil(min(self.state.featured, len(self.seqs)) / self.args.feature_chunk))
-
-    def pass_indices(self) -> list[int]:
-        """The data indices of the current pass: a catch-up's slice (every n-th sequence the
-        run had, from `first`), else `epoch_size` sequences from `first`."""
-        st = self.state
-        if st.catch_up:
-            return list(range(st.first, min(st.featured, len(self.seqs)), self.slices()))
-        return list(range(st.first, st.first + st.epoch_size))
-
-    def next_pass(self) -> None:
-        """After a pass, the next one: the catch-up's next slice (see the module docstring),
-        else the rest of what the run has had, else the next epoch. The pass is not begun
-        (`epoch_size` 0) until its features are computed: a checkpoint saved before them
-        resumes it."""
-        st = self.state
-        if st.catch_up and st.first + 1 < self.slices():
-            st.first += 1
-        elif not st.catch_up and st.first + st.epoch_size < min(st.featured, len(self.seqs)):
-            st.first += st.epoch_size
-        else:
-            st.epoch, st.first, st.catch_up = st.epoch + 1, 0, False
-        st.pos, st.epoch_size = 0, 0
-        self.refresh_data(save_first=True)
 
     def batch_for_step(self) -> tuple[Optional[Batch], Optional[mx.array]]:
         """The batch (and the sampled vocabulary) of the current step, on this rank."""
         a, st, B = self.args, self.state, self.cfg.block_size
-        if st.pos + a.batch_size > st.epoch_size and st.pos > 0 or st.epoch_size == 0:
-            if st.epoch_size:
-                self.next_pass()
-            size = len(self.pass_indices()) if st.catch_up else self.stored_run(st.first, len(self.seqs))
-            st.pos, st.epoch_size = 0, size
-        order = self.pass_indices()
-        random.Random(a.seed + st.epoch).shuffle(order)
-        idx = [order[(st.pos + j) % st.epoch_size] for j in range(a.batch_size)][self.rank :: self.world]
-        st.pos += a.batch_size
+        if self.passes.needs_next(a.batch_size):
+            if st.epoch_size:  # this pass is used up: the next, once its features are stored
+                self.passes.advance()
+                self.refresh_data(save_first=True)
+            self.passes.begin()
+        idx = self.passes.take(a.batch_size, a.seed)[self.rank :: self.world]
         rng = np.random.default_rng([a.seed, st.step, self.rank])
         seqs = [self.seqs[i] for i in idx]
         batch, kept, pos = make_batch([(t, p) for _, t, p in seqs], B, a.num_anchors, self.cfg.mask_token_id, rng)
