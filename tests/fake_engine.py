@@ -103,6 +103,13 @@ class FakeBackend:
         self.caches.append(cache)
         return cache
 
+    def _hold(self, gate) -> None:
+        """Wait at `gate` (if any) until the test opens it, showing that we wait."""
+        if gate is not None:
+            self.waiting.set()
+            gate.wait(10)
+            self.waiting.clear()
+
     def stream_generate(
         self,
         model,
@@ -141,10 +148,7 @@ class FakeBackend:
         del prompt_cache.tokens[common:]
         if prompt_progress_callback:
             prompt_progress_callback(0, prefilled)
-            if self.prefill_gate is not None:
-                self.waiting.set()
-                self.prefill_gate.wait(10)
-                self.waiting.clear()
+            self._hold(self.prefill_gate)
             prompt_progress_callback(prefilled, prefilled)
         prompt_cache.tokens.extend(prompt[common:])
         if self.generate_error:
@@ -164,10 +168,8 @@ class FakeBackend:
                 stats.drafted_tokens += stats.block_size - 1
                 stats.accepted_drafted_tokens += len(block) - 1
             for i, piece in enumerate(block):
-                if n >= self.free_tokens and self.gate is not None:
-                    self.waiting.set()
-                    self.gate.wait(10)
-                    self.waiting.clear()
+                if n >= self.free_tokens:
+                    self._hold(self.gate)
                 n += 1
                 prompt_cache.tokens.append(1000 + n)
                 last = b == len(blocks) - 1 and i == len(block) - 1

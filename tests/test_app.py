@@ -14,10 +14,7 @@ from textual.widgets.markdown import MarkdownFence
 from chat_pilot import REPLY, answered, make_app, notes, run_async, say, until
 from fake_engine import FakeBackend
 
-from app.chat.main import app_from_args
 from app.chat.widgets import DRAFT_STYLE, TARGET_STYLE, Reply, StatsPanel, Summary, UserMessage
-from app.chat.engine import Settings
-from dflash_mlx.options import DecodeOptions
 
 
 def stats_text(app) -> str:
@@ -365,64 +362,6 @@ async def test_quit_keys_exit_and_stop_the_worker(key):
     assert not engine._thread.is_alive()
 
 
-def test_cli_flags():
-    app = app_from_args(
-        [
-            "--model",
-            "m",
-            "--draft",
-            "d",
-            "--temp",
-            "0.5",
-            "--top-p",
-            "0.9",
-            "--block-size",
-            "8",
-            "--max-tokens",
-            "64",
-            "--system",
-            "hi",
-        ]
-    )
-    assert (app.model_path, app.draft_path, app.system) == ("m", "d", "hi")
-    assert app.settings == Settings(DecodeOptions(temp=0.5, top_p=0.9, block_size=8), max_tokens=64)
-    default = app_from_args([])
-    assert default.model_path is None and default.draft_path is None
-    assert default.settings == Settings()
-    assert app_from_args(["--no-draft", "--top-k", "20"]).settings == Settings(DecodeOptions(top_k=20), baseline=True)
-    assert app_from_args(["--no-kernels"]).settings == Settings(DecodeOptions(kernels=False))
-
-
-@pytest.mark.parametrize(
-    "flags,words",
-    [
-        (["--top-p", "2"], ["--top-p", "2"]),
-        (["--top-k", "-3"], ["--top-k"]),
-        (["--block-size", "1"], ["--block-size"]),
-        (["--temp", "-1"], ["--temp"]),
-    ],
-)
-def test_cli_bad_options_exit_with_one_line(flags, words):
-    from app.chat.main import main
-
-    with pytest.raises(SystemExit) as info:
-        main(flags)
-    message = str(info.value.code)
-    assert "\n" not in message and message.startswith("dflash-chat: error: ")
-    assert all(w in message for w in words)
-
-
-@run_async
-async def test_no_kernels_reaches_the_generator():
-    """--no-kernels arrives at stream_generate as kernels=False; by default kernels=None (on on Apple GPUs)."""
-    backend = FakeBackend([REPLY, REPLY])
-    for argv, want in (([], None), (["--no-kernels"], False)):
-        app = make_app(backend, settings=app_from_args(argv).settings)
-        async with app.run_test() as pilot:
-            await answered(pilot, "hi")
-        assert backend.calls[-1]["kernels"] is want
-
-
 def test_snapshot_main_screen(snap_compare):
     backend = FakeBackend(
         [
@@ -457,21 +396,3 @@ def test_snapshot_multi_turn_coloured(snap_compare):
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
-
-
-@run_async
-async def test_file_pastes_a_file_into_the_message(tmp_path):
-    """`/file PATH TEXT` sends TEXT with the file below it; a missing file is one error line."""
-    doc = tmp_path / "notes.py"
-    doc.write_text("def add(a, b):\n    return a + b\n", encoding="utf-8")
-    backend = FakeBackend([REPLY])
-    app = make_app(backend)
-    async with app.run_test() as pilot:
-        await until(pilot, lambda: app.state == "ready")
-        await say(pilot, f"/file {doc} What does this do?")
-        await until(pilot, lambda: app.state == "ready" and app.messages[-1]["role"] == "assistant")
-        sent = app.messages[-2]["content"]
-        assert sent == "What does this do?\n\nnotes.py:\n```\ndef add(a, b):\n    return a + b\n```"
-        await say(pilot, f"/file {tmp_path / 'missing.txt'}")
-        await until(pilot, lambda: notes(app, "error"))
-        assert "Could not read" in notes(app, "error")[-1] and len(app.messages) == 2

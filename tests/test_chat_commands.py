@@ -1,4 +1,4 @@
-"""Pilot tests of the chat's input and commands (issue 44) over the scripted fake backend,
+"""Pilot tests of the chat's flags, input and commands (issue 44) over the scripted fake backend,
 and of the words its `/stats` and `dflash generate` use for what the cycles verified."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from chat_pilot import REPLY, answered, make_app, notes, run_async, say, until
 
 from app.chat import commands
 from app.chat.engine import Settings
-from app.chat.main import main
+from app.chat.main import app_from_args, main
 from app.chat.session import shape
 from app.chat.widgets import Reply, Summary
 from dflash_mlx import DecodeOptions
@@ -254,3 +254,77 @@ def test_cli_max_tokens_below_one_is_one_line_naming_the_flag():
     with pytest.raises(SystemExit) as info:
         main(["--max-tokens", "0"])
     assert str(info.value.code) == "dflash-chat: error: --max-tokens must be an integer >= 1, got 0"
+
+
+def test_cli_flags():
+    app = app_from_args(
+        [
+            "--model",
+            "m",
+            "--draft",
+            "d",
+            "--temp",
+            "0.5",
+            "--top-p",
+            "0.9",
+            "--block-size",
+            "8",
+            "--max-tokens",
+            "64",
+            "--system",
+            "hi",
+        ]
+    )
+    assert (app.model_path, app.draft_path, app.system) == ("m", "d", "hi")
+    assert app.settings == Settings(DecodeOptions(temp=0.5, top_p=0.9, block_size=8), max_tokens=64)
+    default = app_from_args([])
+    assert default.model_path is None and default.draft_path is None
+    assert default.settings == Settings()
+    assert app_from_args(["--no-draft", "--top-k", "20"]).settings == Settings(DecodeOptions(top_k=20), baseline=True)
+    assert app_from_args(["--no-kernels"]).settings == Settings(DecodeOptions(kernels=False))
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--top-p", "2"], ["--top-p", "2"]),
+        (["--top-k", "-3"], ["--top-k"]),
+        (["--block-size", "1"], ["--block-size"]),
+        (["--temp", "-1"], ["--temp"]),
+    ],
+)
+def test_cli_bad_options_exit_with_one_line(flags, words):
+    with pytest.raises(SystemExit) as info:
+        main(flags)
+    message = str(info.value.code)
+    assert "\n" not in message and message.startswith("dflash-chat: error: ")
+    assert all(w in message for w in words)
+
+
+@run_async
+async def test_no_kernels_reaches_the_generator():
+    """--no-kernels arrives at stream_generate as kernels=False; by default kernels=None (on on Apple GPUs)."""
+    backend = FakeBackend([REPLY, REPLY])
+    for argv, want in (([], None), (["--no-kernels"], False)):
+        app = make_app(backend, settings=app_from_args(argv).settings)
+        async with app.run_test() as pilot:
+            await answered(pilot, "hi")
+        assert backend.calls[-1]["kernels"] is want
+
+
+@run_async
+async def test_file_pastes_a_file_into_the_message(tmp_path):
+    """`/file PATH TEXT` sends TEXT with the file below it; a missing file is one error line."""
+    doc = tmp_path / "notes.py"
+    doc.write_text("def add(a, b):\n    return a + b\n", encoding="utf-8")
+    backend = FakeBackend([REPLY])
+    app = make_app(backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.state == "ready")
+        await say(pilot, f"/file {doc} What does this do?")
+        await until(pilot, lambda: app.state == "ready" and app.messages[-1]["role"] == "assistant")
+        sent = app.messages[-2]["content"]
+        assert sent == "What does this do?\n\nnotes.py:\n```\ndef add(a, b):\n    return a + b\n```"
+        await say(pilot, f"/file {tmp_path / 'missing.txt'}")
+        await until(pilot, lambda: notes(app, "error"))
+        assert "Could not read" in notes(app, "error")[-1] and len(app.messages) == 2

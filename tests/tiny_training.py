@@ -15,6 +15,7 @@ from dflash_mlx.drafter import Drafter
 from dflash_mlx.targets import make_target
 from dflash_mlx.train.checkpoint import TrainArgs
 from dflash_mlx.train.initialize import make_config
+from dflash_mlx.train.features import FeatureStore
 import tiny_targets
 
 #: DFlash2 training fields for the tiny target (hidden 32: four groups of 8 channels).
@@ -108,3 +109,26 @@ def tiny_train_args(data, out, **fields) -> TrainArgs:
         seed=3,
     )
     return TrainArgs(data=str(data), out=str(out), **{**common, **fields})
+
+
+def store_size(data) -> int:
+    """How many sequences of `data` have features in its store (layers 1 and 3 of the tiny target)."""
+    (store,) = [p for p in (data.parent / "features").iterdir() if p.is_dir()]
+    return len(FeatureStore(store, [1, 3], 64, 8))
+
+
+def batches_trained(data, monkeypatch) -> list[list[int]]:
+    """The list that the steps' batches will be recorded in, as the data's sequence indices."""
+    import dflash_mlx.train.loop as loop
+    from dflash_mlx.train.data import load_sequences
+
+    index = {tuple(t): i for i, (_, t, _) in enumerate(load_sequences(data))}
+    trained: list[list[int]] = []
+    make_batch = loop.make_batch
+
+    def recording(seqs, *rest):
+        trained.append(sorted(index[tuple(t)] for t, _ in seqs))
+        return make_batch(seqs, *rest)
+
+    monkeypatch.setattr(loop, "make_batch", recording)
+    return trained
