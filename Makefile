@@ -73,7 +73,7 @@ resume-training: $(RUNTIME)
 		--max-steps 1000000 --core-hours 12 --eval-minutes 15 --eval-prompts 40 --checkpoint-minutes 5 \
 		--target-layer-ids 1,8,14,21,28 --num-layers 1 --batch-size 4 --num-anchors 64 --loss-vocab sampled \
 		--negatives 2048 --distill 0.5 --init cold --lr 1.2e-3 --warmup 0.05 --feature-chunk 1024 --no-progress \
-		--ema 0.998 --resume-point $(LONG_RUN) \
+		--catch-up-passes 3 --ema 0.998 --resume-point $(LONG_RUN) \
 		$$([ ! -f runs/long-run/checkpoint/state.json ] && [ -f $(LONG_RUN)/state.json ] && echo --resume-from $(LONG_RUN) || echo --resume)
 
 clean:

@@ -54,3 +54,19 @@ def test_a_pass_is_taken_in_a_seeded_order_each_sequence_once_before_any_again()
     again = _passes(8, 0, stored, featured=8)
     again.begin()
     assert again.take(4, seed=0) == first
+
+
+def test_catch_up_passes_train_each_slice_so_many_times_in_a_row_each_in_its_own_order():
+    keys = {f"s{i}" for i in range(10)}
+    passes = Passes(TrainState(featured=10, catch_up=True), 4, keys.__contains__, repeats=3)
+    passes.set_data(sorted(keys, key=lambda k: int(k[1:])))
+    trained = []
+    while passes.state.catch_up:
+        passes.begin()
+        trained.append((passes.state.first, passes.take(len(passes.indices()), seed=0)))
+        passes.advance()
+    assert [first for first, _ in trained] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    orders = [tuple(order) for first, order in trained if first == 0]
+    assert [sorted(order) for order in orders] == [[0, 3, 6, 9]] * 3
+    assert len(set(orders)) == 3  # a repeat is not the same order again
+    assert passes.state.epoch == 1 and passes.state.repeat == 0

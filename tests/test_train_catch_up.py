@@ -143,3 +143,21 @@ def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_pa
     assert [line for line in lines if line.startswith("features:")] == ["features: 1 sequences"] + [
         "features: 2 sequences"
     ] * 2
+
+
+def test_catch_up_passes_train_each_slice_again_before_its_next_is_computed(tmp_path, monkeypatch):
+    """With --catch-up-passes 2, a moved run trains on each slice twice in a row, and the
+    next slice's features are computed only after that (3 target passes, as with 1)."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
+    train(tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / "again")
+
+    trained = batches_trained(data, monkeypatch)
+    lines: list[str] = []
+    again = tiny_train_args(data, tmp_path / "again", max_steps=12, resume=True, catch_up_passes=2, **run)
+    train(again, log=lines.append)
+    assert trained == [[0, 3], [0, 3], [1, 4], [1, 4], [2, 5], [2, 5]]
+    assert len([line for line in lines if line.startswith("catching up")]) == 3

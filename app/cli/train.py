@@ -187,7 +187,15 @@ TRAIN_OPTIONS = [
         ["--feature-chunk"],
         "Train on the features already stored and compute at most this many more per epoch "
         "(0: all before the first step); resumed where fewer are stored, each new chunk is "
-        "trained on alone, once, until the store has caught up.",
+        "trained on alone, until the store has caught up.",
+    ),
+    (
+        "catch_up_passes",
+        int,
+        1,
+        ["--catch-up-passes"],
+        "Passes over each chunk of a catch-up, in a row (with 2 cores, a chunk's features cost "
+        "about as much CPU as 3 passes of training on it).",
     ),
     ("batch_size", int, 4, ["--batch-size"], "Sequences per step (over all ranks)."),
     ("num_anchors", int, 32, ["--num-anchors"], "Blocks sampled per sequence."),

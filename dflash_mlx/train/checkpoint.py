@@ -52,6 +52,7 @@ class TrainArgs:
     top_k: int = 8  # teacher tokens kept per position
     features: Optional[str] = None  # feature cache directory (default: beside the data)
     feature_chunk: int = 0  # features computed per epoch at most (0: all before the first step)
+    catch_up_passes: int = 1  # passes over each catch-up slice, in a row (`passes.py`)
     batch_size: int = 4  # sequences per step (over all ranks)
     num_anchors: int = 32  # blocks per sequence
     max_len: int = 1024
@@ -109,7 +110,7 @@ _CHOICES = {"init": ("warm", "cold"), "arch": ("dflash1", "dflash2"), "loss_voca
 _AT_LEAST = {  # the least value (0 for eval_prompts and eval_minutes: no evaluation)
     **dict.fromkeys(("num_layers", "intermediate_size", "top_k", "batch_size", "num_anchors", "max_steps"), 1),
     **dict.fromkeys(("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"), 1),
-    **dict.fromkeys(("checkpoint_every", "eval_tokens", "log_every"), 1),
+    **dict.fromkeys(("checkpoint_every", "eval_tokens", "log_every", "catch_up_passes"), 1),
     **dict.fromkeys(("mask_token_id", "feature_chunk", "negatives", "seed", "eval_prompts"), 0),
     **dict.fromkeys(("selector_weight", "weight_decay", "eval_minutes"), 0),
     "block_size": 2,
@@ -133,6 +134,7 @@ class TrainState:
     epoch_size: int = 0
     first: int = 0  # the pass's first sequence (0 but while data grows), or a catch-up pass's slice number
     catch_up: bool = False  # a catch-up pass: every n-th sequence the run had, from `first` (`passes.py`)
+    repeat: int = 0  # passes over this catch-up slice done before this one (--catch-up-passes)
     featured: int = 0  # sequences the run has had features for (on whichever machine)
     seen: int = 0  # sequences
     positions: int = 0  # labelled block positions trained on

@@ -7,7 +7,7 @@ resume point) is saved right before each new chunk's target pass, so that a sess
 during that long pass loses none of the epoch before it.
 A step samples anchors in a batch of sequences, runs every block through the drafter in
 one forward (`objective`), and takes one AdamW step. Everything a step draws at random comes from a generator seeded by
-(seed, step, rank), and the epoch order from (seed, epoch): `--resume` continues exactly
+(seed, step, rank), and a pass's order from (seed, epoch, repeat): `--resume` continues exactly
 where a checkpoint left off. Data-parallel over `mx.distributed` ranks (`mlx.launch`):
 each rank takes its share of every batch and gradients are averaged.
 """
@@ -79,7 +79,7 @@ class Trainer:
         self.seqs: list[tuple[str, list[int], list[tuple[int, int]]]] = []
         self.threads = ThreadControl(args.threads)  # also for the feature pass
         self.data_seconds = 0.0  # CPU time of refresh_data during the current step (not training)
-        self.passes = Passes(self.state, args.feature_chunk, lambda key: key in self.store)
+        self.passes = Passes(self.state, args.feature_chunk, lambda key: key in self.store, args.catch_up_passes)
         self.refresh_data()
         if not resuming:
             self._initialize()

@@ -6,12 +6,15 @@ sequences, so that training starts at once on a new machine instead of after hou
 target passes. A run resumed on a machine that lacks features the run had catches up in
 passes of a chunk, each over every n-th sequence it had (a sample of the whole data, which
 is in source order: contiguous chunks of one source moved the drafter toward it), trained
-on once; moved again, it goes on at its slice.
+on `--catch-up-passes` times in a row (a slice's features cost a few passes of training on
+it: a new machine would otherwise spend most of its time on them); moved again, it goes on
+at its slice.
 
 The pass lives in `TrainState`, so that a checkpoint resumes it: `first` (its first data
 index, or a catch-up's slice number), `epoch_size` (0 until its features are computed),
-`pos` (sequences of it used), `catch_up`, and `featured` (the run's sequences with features,
-on whichever machine).
+`pos` (sequences of it used), `catch_up` and `repeat` (a catch-up slice's passes done), and
+`featured` (the run's sequences with features, on whichever machine). A pass's order is
+seeded by (seed, epoch, repeat).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from .checkpoint import TrainState
 
 class Passes:
     """The passes of one run over its data. `stored(key)` says whether a sequence has
-    features here; `chunk` is --feature-chunk (0: the whole data at once)."""
+    features here; `chunk` is --feature-chunk (0: the whole data at once), `repeats`
+    --catch-up-passes."""
 
-    def __init__(self, state: TrainState, chunk: int, stored: Callable[[str], bool]):
-        self.state, self.chunk, self.stored = state, chunk, stored
+    def __init__(self, state: TrainState, chunk: int, stored: Callable[[str], bool], repeats: int = 1):
+        self.state, self.chunk, self.stored, self.repeats = state, chunk, stored, repeats
         self.keys: list[str] = []  # the data's sequence keys, in data order
 
     def set_data(self, keys: list[str]) -> None:
@@ -37,7 +41,7 @@ class Passes:
         self.keys = keys
         st = self.state
         if st.first >= len(keys):
-            st.first, st.pos, st.epoch_size, st.catch_up = 0, 0, 0, False
+            st.first, st.pos, st.epoch_size, st.catch_up, st.repeat = 0, 0, 0, False, 0
 
     def stored_run(self, first: int, limit: int) -> int:
         """How many sequences from data index `first` on, at most `limit`, have features here."""
@@ -64,7 +68,7 @@ class Passes:
             return list(range(len(self.keys)))
         if not all(map(self.stored, self.keys[: st.featured])):
             if not st.catch_up:
-                st.catch_up, st.first, st.pos, st.epoch_size = True, 0, 0, 0
+                st.catch_up, st.first, st.pos, st.epoch_size, st.repeat = True, 0, 0, 0, 0
             return self.indices()
         grow = self.chunk if st.epoch_size == 0 and st.first == 0 and not st.catch_up else 0
         return list(range(min(st.featured + grow, len(self.keys))))
@@ -79,16 +83,19 @@ class Passes:
         return st.epoch_size == 0 or st.pos > 0 and st.pos + batch_size > st.epoch_size
 
     def advance(self) -> None:
-        """After a pass, the next one: the catch-up's next slice, else the rest of what the
-        run has had, else the next epoch. It is not begun until its features are computed
-        (`begin`): a checkpoint saved before them resumes it."""
+        """After a pass, the next one: the catch-up's slice again (--catch-up-passes), else its
+        next slice, else the rest of what the run has had, else the next epoch. It is not
+        begun until its features are computed (`begin`): a checkpoint saved before them
+        resumes it."""
         st = self.state
-        if st.catch_up and st.first + 1 < self.slices():
-            st.first += 1
+        if st.catch_up and st.repeat + 1 < self.repeats:
+            st.repeat += 1
+        elif st.catch_up and st.first + 1 < self.slices():
+            st.first, st.repeat = st.first + 1, 0
         elif not st.catch_up and st.first + st.epoch_size < min(st.featured, len(self.keys)):
             st.first += st.epoch_size
         else:
-            st.epoch, st.first, st.catch_up = st.epoch + 1, 0, False
+            st.epoch, st.first, st.catch_up, st.repeat = st.epoch + 1, 0, False, 0
         st.pos, st.epoch_size = 0, 0
 
     def begin(self) -> None:
@@ -104,11 +111,11 @@ class Passes:
         return all(self.stored(self.keys[i]) for i in self.indices())
 
     def take(self, batch_size: int, seed: int) -> list[int]:
-        """The next batch's data indices: the pass in the epoch's order (seeded by `seed` and
-        the epoch), wrapping around at its end."""
+        """The next batch's data indices: the pass in its order (seeded by `seed`, the epoch
+        and the repeat), wrapping around at its end."""
         st = self.state
         order = self.indices()
-        random.Random(seed + st.epoch).shuffle(order)
+        random.Random(f"{seed}/{st.epoch}/{st.repeat}").shuffle(order)
         idx = [order[(st.pos + j) % st.epoch_size] for j in range(batch_size)]
         st.pos += batch_size
         return idx
