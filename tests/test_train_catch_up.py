@@ -10,6 +10,18 @@ from dflash_mlx.train.loop import train
 from tiny_training import batches_trained, random_training_data, store_size, tiny_target, tiny_train_args
 
 
+def _moved_run(tmp_path, monkeypatch, out: str):
+    """A run of 6 steps over chunks of 2 (6 sequences featured), moved to a machine without
+    its features: its resume point restored into tmp_path / out. Returns (data, point, run)."""
+    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
+    point = tmp_path / "point"
+    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
+    train(tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
+    shutil.rmtree(data.parent / "features")
+    restore_resume_point(point, tmp_path / out)
+    return data, point, run
+
+
 def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, monkeypatch):
     """A run that had features for 6 sequences, resumed where none are stored, trains on
     each new slice alone as it is computed (every third sequence: 0 and 3, 1 and 4, 2 and 5;
@@ -42,12 +54,7 @@ def test_a_catch_up_moved_to_another_machine_goes_on_where_it_stopped(tmp_path, 
     another goes on with slice {2, 5} there (slice {1, 4}'s features computed again, as its
     pass had not moved on), then the next epoch, instead of starting the catch-up over
     (each move used to retrain the first chunks, and the last ones rarely)."""
-    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
-    point = tmp_path / "point"
-    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
-    train(tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
-    shutil.rmtree(data.parent / "features")
-    restore_resume_point(point, tmp_path / "second")
+    data, point, run = _moved_run(tmp_path, monkeypatch, "second")
     trained = batches_trained(data, monkeypatch)
     train(tiny_train_args(data, tmp_path / "second", max_steps=8, resume=True, **run), log=lambda s: None)
     assert trained == [[0, 3], [1, 4]]
@@ -148,12 +155,7 @@ def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_pa
 def test_catch_up_passes_train_each_slice_again_before_its_next_is_computed(tmp_path, monkeypatch):
     """With --catch-up-passes 2, a moved run trains on each slice twice in a row, and the
     next slice's features are computed only after that (3 target passes, as with 1)."""
-    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
-    point = tmp_path / "point"
-    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
-    train(tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None)
-    shutil.rmtree(data.parent / "features")
-    restore_resume_point(point, tmp_path / "again")
+    data, point, run = _moved_run(tmp_path, monkeypatch, "again")
 
     trained = batches_trained(data, monkeypatch)
     lines: list[str] = []
