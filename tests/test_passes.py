@@ -38,6 +38,14 @@ def test_a_catch_up_moved_again_goes_on_at_its_slice():
     assert passes.to_feature() == [1, 4, 7]
 
 
+def test_a_catch_up_resumed_without_feature_chunks_ends_and_the_epoch_covers_everything():
+    stored = {f"s{i}" for i in range(10)}
+    passes = _passes(10, 0, stored, featured=10, first=2, catch_up=True, repeat=1, pos=3, epoch_size=3)
+    assert passes.to_feature() == list(range(10))
+    passes.begin()  # under a catch-up, slices() would divide by the chunk, 0
+    assert not passes.state.catch_up and passes.indices() == list(range(10))
+
+
 def test_a_pass_past_the_end_of_shrunk_data_starts_over_at_0():
     passes = _passes(5, 4, set(), featured=5, first=8, pos=4, epoch_size=4)
     assert (passes.state.first, passes.state.pos, passes.state.epoch_size) == (0, 0, 0)

@@ -27,15 +27,8 @@ def test_a_new_machine_catches_up_a_chunk_a_pass_each_sequence_once(tmp_path, mo
     each new slice alone as it is computed (every third sequence: 0 and 3, 1 and 4, 2 and 5;
     each once, each slice a sample of the whole data), then goes on to the next epoch over
     all of them, instead of on the first chunks again and again (an epoch over 2, then 4)."""
-    data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
-    point = tmp_path / "point"
-    run = dict(feature_chunk=2, checkpoint_every=1000, resume_point=str(point))
-    train(
-        tiny_train_args(data, tmp_path / "run", max_steps=6, **run), log=lambda s: None
-    )  # epochs of 2, 4, 6 sequences
+    data, point, run = _moved_run(tmp_path, monkeypatch, "again")  # epochs of 2, 4, 6 sequences
     assert json.loads((point / "state.json").read_text())["featured"] == 6
-    shutil.rmtree(data.parent / "features")
-    restore_resume_point(point, tmp_path / "again")
 
     trained = batches_trained(data, monkeypatch)
     lines: list[str] = []
@@ -155,7 +148,7 @@ def test_a_catch_up_stopped_during_its_features_finishes_that_chunk_first(tmp_pa
 def test_catch_up_passes_train_each_slice_again_before_its_next_is_computed(tmp_path, monkeypatch):
     """With --catch-up-passes 2, a moved run trains on each slice twice in a row, and the
     next slice's features are computed only after that (3 target passes, as with 1)."""
-    data, point, run = _moved_run(tmp_path, monkeypatch, "again")
+    data, _, run = _moved_run(tmp_path, monkeypatch, "again")
 
     trained = batches_trained(data, monkeypatch)
     lines: list[str] = []

@@ -141,8 +141,8 @@ class Trainer:
                             on_progress=lambda done, total: (advance(done), self.threads.poll()),
                         )
         if self.world > 1:  # a barrier (the store is complete) that brings rank 0's pass to every rank
-            where = [int(st.catch_up), st.first, st.pos, st.epoch_size] if self.rank == 0 else [0, 0, 0, 0]
-            flag, st.first, st.pos, st.epoch_size = mx.distributed.all_sum(mx.array(where)).tolist()
+            where = [int(st.catch_up), st.first, st.pos, st.epoch_size, st.repeat] if self.rank == 0 else [0] * 5
+            flag, st.first, st.pos, st.epoch_size, st.repeat = mx.distributed.all_sum(mx.array(where)).tolist()
             st.catch_up = bool(flag)
         self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
         self.passes.features_done()

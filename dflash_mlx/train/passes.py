@@ -64,7 +64,9 @@ class Passes:
         this machine lacks some the run had, the catch-up's slice (a catch-up begins here, at
         slice 0); an epoch not begun, what the run had and one chunk more; else what it had."""
         st = self.state
-        if not self.chunk:
+        if not self.chunk:  # every feature at once: a catch-up saved under --feature-chunk ends
+            if st.catch_up:
+                st.catch_up, st.first, st.pos, st.epoch_size, st.repeat = False, 0, 0, 0, 0
             return list(range(len(self.keys)))
         if not all(map(self.stored, self.keys[: st.featured])):
             if not st.catch_up:
