@@ -156,3 +156,20 @@ def test_catch_up_passes_train_each_slice_again_before_its_next_is_computed(tmp_
     train(again, log=lines.append)
     assert trained == [[0, 3], [0, 3], [1, 4], [1, 4], [2, 5], [2, 5]]
     assert len([line for line in lines if line.startswith("catching up")]) == 3
+
+
+def test_a_finished_run_moved_to_a_new_machine_ends_without_computing_features(tmp_path, monkeypatch):
+    """A run whose budget is spent, resumed where its features are missing, ends at once: no
+    target passes for a pass it will never train (the long run's point, resumed on a new
+    machine after its 12 core-hours, spent 16 minutes on a catch-up slice). It delivers its
+    drafter there and leaves its resume point as it was."""
+    data, point, run = _moved_run(tmp_path, monkeypatch, "again")
+    before = {p.name: p.read_bytes() for p in point.iterdir()}
+    lines: list[str] = []
+    trained = batches_trained(data, monkeypatch)
+    out = train(tiny_train_args(data, tmp_path / "again", max_steps=6, resume=True, **run), log=lines.append)
+    assert out["step"] == 6 and trained == []
+    assert not [line for line in lines if line.startswith(("catching up", "features:"))], lines
+    assert not (data.parent / "features").exists() or store_size(data) == 0
+    assert {p.name: p.read_bytes() for p in point.iterdir()} == before
+    assert (tmp_path / "again" / "model.safetensors").is_file()

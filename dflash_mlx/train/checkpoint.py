@@ -154,11 +154,13 @@ def save_checkpoint(
     state: TrainState,
     args: TrainArgs,
     average: Optional[WeightAverage] = None,
+    resume_point: bool = True,
 ) -> None:
     """`out` stays a loadable drafter (with `average`, `--ema`: the average, in the drafter's
     dtype); `out/checkpoint` (also a drafter: the raw weights, which training goes on from)
     adds the optimiser, the average and the state. The checkpoint directory is replaced
-    whole, so a crash mid-write leaves the previous one."""
+    whole, so a crash mid-write leaves the previous one. With `resume_point` and
+    --resume-point, the resume point follows."""
     weights, config = drafter_files(drafter)
     with atomic_directory(out / "checkpoint", overwrite=True) as tmp:
         write_drafter_files(tmp, weights, config)
@@ -171,7 +173,7 @@ def save_checkpoint(
         write_drafter_files(Path(staged), average.delivered(weights) if average else weights, config)
         for name in ("config.json", "model.safetensors"):
             os.replace(Path(staged) / name, out / name)
-    if args.resume_point:
+    if resume_point and args.resume_point:
         save_resume_point(out, Path(args.resume_point))
 
 

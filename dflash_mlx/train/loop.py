@@ -83,7 +83,7 @@ class Trainer:
         self.refresh_data()
         if not resuming:
             self._initialize()
-        elif not self.passes.all_stored():
+        elif not self.finished() and not self.passes.all_stored():
             self.state.pos, self.state.epoch_size = 0, 0  # a pass begun elsewhere: begin it again over what is here
         self.optimizer = optim.AdamW(
             learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
@@ -98,11 +98,20 @@ class Trainer:
         # after the ranks' weights are made equal: every rank's average is the same
         quiet = self.log if self.rank == 0 else (lambda line: None)  # rank 0 speaks for the run
         self.average = start_average(args.ema, self.drafter, ck if resuming else None, quiet)
-        self.total = args.max_steps or max(1, int(math.ceil(args.epochs * len(self.seqs) / args.batch_size)))
+        self.total = self.steps_budgeted()
         self.value_and_grad = nn.value_and_grad(self.drafter, self._loss)
         self._references: Optional[list[Reference]] = None  # held-out answers, made at the first evaluation
 
     # ------------------------------------------------------------------ data
+
+    def steps_budgeted(self) -> int:
+        """The run's steps: --max-steps, else --epochs over the data as read."""
+        a = self.args
+        return a.max_steps or max(1, int(math.ceil(a.epochs * len(self.seqs) / a.batch_size)))
+
+    def finished(self) -> bool:
+        """Whether the run's budget is spent (a finished run resumed trains no more)."""
+        return budget_spent(self.args, self.state, self.steps_budgeted()) >= 1.0
 
     def refresh_data(self, save_first: bool = False) -> None:
         """(Re)read the data (it may grow while training) and compute the features the coming
@@ -124,7 +133,7 @@ class Trainer:
         if self.rank == 0:
             with exclusive_lock(self.store_dir.parent / f".{self.store_dir.name}.lock"):  # one writer at a time
                 self.store = FeatureStore(self.store_dir, self.cfg.target_layer_ids, width, a.top_k, self.model_key)
-                wanted = self.passes.to_feature()
+                wanted = [] if self.finished() else self.passes.to_feature()  # none for a pass never trained
                 missing = [seqs[i][:2] for i in wanted if seqs[i][0] not in self.store][: a.feature_chunk or None]
                 if missing and st.catch_up:
                     here = sum(k in self.store for k, _, _ in seqs[: st.featured])
@@ -273,15 +282,16 @@ class Trainer:
         with self.average.in_use(self.drafter):
             return {**where, **self.heldout_tau(), "weights": "ema"}
 
-    def save(self) -> None:
-        """The checkpoint, the delivered drafter and the resume point (`save_checkpoint`)."""
-        save_checkpoint(self.out, self.drafter, self.optimizer, self.state, self.args, self.average)
+    def save(self, resume_point: bool = True) -> None:
+        """The checkpoint, the delivered drafter and (`resume_point`) the resume point (`save_checkpoint`)."""
+        save_checkpoint(self.out, self.drafter, self.optimizer, self.state, self.args, self.average, resume_point)
 
     def run(self) -> dict:
         """Train until the budget is spent, logging, evaluating and checkpointing on the way;
         the final stats (step, elapsed, core seconds, the log's records, the drafter and its
         weight average: None without --ema)."""
         a, st = self.args, self.state
+        ended = self.finished()  # a finished run resumed: its resume point stays as it is
         if self.rank == 0:
             self.log(self.describe())
         log_file, logged = open_log(self.out, st.step) if self.rank == 0 else (None, [])
@@ -334,7 +344,7 @@ class Trainer:
                 if log_file:
                     log_file.close()
         if self.rank == 0:
-            self.save()
+            self.save(resume_point=not ended)
             self.log(f"{st.core_seconds / 3600:.3f} core-hours of training in all ({st.elapsed:.0f}s)")
         return {
             "step": st.step,
