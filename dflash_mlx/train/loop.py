@@ -83,7 +83,7 @@ class Trainer:
         self.refresh_data()
         if not resuming:
             self._initialize()
-        elif not self.finished() and not self.passes.all_stored():
+        elif not self.passes.all_stored():
             self.state.pos, self.state.epoch_size = 0, 0  # a pass begun elsewhere: begin it again over what is here
         self.optimizer = optim.AdamW(
             learning_rate=args.lr, betas=[0.9, args.adam_beta2], weight_decay=args.weight_decay
