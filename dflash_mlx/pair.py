@@ -4,9 +4,11 @@ What depends on the two models alone, and not on a request, is settled here once
 target adapter (`targets.make_target`), the kernel choice (`Target.use_kernels`, which
 checks and times the custom kernels on this machine: `kernels/choice.py`), whether the
 drafter fits the target (`drafter.check_fit`), and whether the target's caches allow draft
-trees. A `Pair` holds no per-sequence state:
-caches, tokens, records and policies are each sequence's own (`sequence.py`), so several
-sequences decode through one pair.
+trees. What is learned of the pair also lives here and lasts across calls and requests: the
+adaptive policy (`policy`: the drafter's acceptance by block position, the cycle costs), so
+that a one-shot call does not probe afresh a drafter the pair has already shown to be
+useless. Caches, tokens and prompt lookup's record are each sequence's own (`sequence.py`),
+so several sequences decode through one pair.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache as make_target_cache
 
 from .drafter import Drafter, check_fit
+from .policy import BlockSizePolicy
 from .target import Target
 from .targets import make_target
+from .tree_policy import TreePolicy
 
 
 class Pair:
@@ -26,9 +30,17 @@ class Pair:
 
     `target`: the adapter whose forward also returns the drafter's feature layers;
     `block`: the drafter's block size B (1 without a drafter); `trees`: whether the target
-    verifies draft trees."""
+    verifies draft trees; `policy`: the adaptive policy every generation through the pair
+    learns in (None without a drafter), shared with the pair of the same models built with
+    the other kernel switch (`learned`)."""
 
-    def __init__(self, model: nn.Module, drafter: Optional[Drafter] = None, kernels: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        drafter: Optional[Drafter] = None,
+        kernels: bool = False,
+        learned: Optional[BlockSizePolicy] = None,
+    ):
         if drafter is not None and not isinstance(drafter, Drafter):  # e.g. mlx-lm's max_tokens, given in its place
             raise TypeError(f"draft_model must be a DFlash drafter (load_draft) or None, got {type(drafter).__name__}")
         self.model, self.drafter = model, drafter
@@ -41,6 +53,14 @@ class Pair:
         self.block = drafter.config.block_size if drafter is not None else 1
         # empty caches (no arrays yet): their kinds say whether trees can be verified
         self.trees = drafter is not None and self.target.supports_trees(make_target_cache(model))
+        self.policy: Optional[BlockSizePolicy] = None
+        if drafter is not None:
+            self.policy = learned if learned is not None else self.new_policy()
+
+    def new_policy(self, trees: bool = True) -> BlockSizePolicy:
+        """A fresh adaptive policy for this pair: a `TreePolicy` (plain steps, chains and
+        draft trees) where the pair verifies trees and `trees` is on, else the chain-only one."""
+        return TreePolicy(self.block) if trees and self.trees else BlockSizePolicy(self.block)
 
     def same(self, model: Any, drafter: Any, kernels: bool) -> bool:
         """Whether this pair was built from these models with this kernel switch."""
@@ -51,7 +71,10 @@ class Pair:
         """The pair of `model` and `drafter`: one built recently when it is theirs (a chat,
         a server, a benchmark decode through one pair, or two: with and without the
         drafter), else a new one, kept for next time."""
-        found = next((p for p in _recent if p.same(model, drafter, kernels)), None) or cls(model, drafter, kernels)
+        found = next((p for p in _recent if p.same(model, drafter, kernels)), None)
+        if found is None:
+            sibling = next((p for p in _recent if p.same(model, drafter, not kernels)), None)
+            found = cls(model, drafter, kernels, sibling.policy if sibling is not None else None)
         _recent[:] = [found] + [p for p in _recent if p is not found][: RECENT - 1]
         return found
 

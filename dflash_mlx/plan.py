@@ -20,13 +20,6 @@ from .options import DecodeOptions
 from .pair import Pair
 from .policy import BlockSizePolicy, Width
 from .sampling import SamplingParams
-from .tree_policy import TreePolicy
-
-
-def new_policy(pair: Pair, trees: bool = True) -> BlockSizePolicy:
-    """A fresh adaptive policy for `pair`: a `TreePolicy` (plain steps, chains and draft
-    trees) where the pair verifies trees and `trees` is on, else the chain-only one."""
-    return TreePolicy(pair.block) if trees and pair.trees else BlockSizePolicy(pair.block)
 
 
 @dataclass
@@ -53,16 +46,16 @@ class Plan:
         policy: Optional[BlockSizePolicy] = None,
         max_tokens: Optional[int] = None,
     ) -> "Plan":
-        """The plan of a generation: `policy` (a sequence's, carried across its turns) is
-        used when the width is adaptive, else a new one is made, weighing trees where the
-        pair has them even in a generation without (`tree_budget=0`): the sequence keeps it
-        for turns that allow them. Fixed widths use none."""
+        """The plan of a generation: with an adaptive width, `policy` (a caller's own,
+        `make_policy`), else the pair's (`Pair.policy`: what every generation through the
+        pair has learned, weighing trees where the pair has them even in a generation
+        without, `tree_budget=0`). Fixed widths use none."""
         drafter = pair.drafter
         limit = options.block_limit(drafter)
         trees = pair.trees and options.tree_budget != 0
         fixed_tree = options.tree_budget if trees and options.tree_budget else None
         if options.adaptive(drafter) and fixed_tree is None:
-            policy = policy or new_policy(pair)
+            policy = policy or pair.policy
             policy.start()
         else:
             policy = None

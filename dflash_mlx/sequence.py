@@ -1,9 +1,10 @@
 """One sequence's own state, apart from what every sequence shares (the model `Pair`).
 
 A sequence (a conversation, a server slot) owns its caches and the tokens they hold
-(`PromptCache`), what it has learned of the drafter (`acceptance.Records`) and its adaptive
-policy, which carry from one turn to the next. Nothing here is shared: several sequences
-decode through one pair, each with its own `Sequence`.
+(`PromptCache`) and prompt lookup's record of its text (`acceptance.GuessRecord`), which
+carry from one turn to the next. What is learned of the drafter (its acceptance, the cycle
+costs: the adaptive policy) belongs to the pair (`Pair.policy`) and lasts across sequences.
+Several sequences decode through one pair, each with its own `Sequence`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from .policy import BlockSizePolicy
 
 
 class Sequence:
-    """A `PromptCache` and what its sequence learned: prompt lookup's record and the
-    adaptive policy (whose `Acceptance` is the drafter's record)."""
+    """A `PromptCache` and prompt lookup's record of its text."""
 
     def __init__(self, cache: PromptCache):
         self.cache = cache
-        self.policy: Optional[BlockSizePolicy] = None
         self.guesses = GuessRecord()
 
     @property
@@ -34,9 +33,9 @@ class Sequence:
 
     @classmethod
     def of(cls, state: Union[None, PromptCache, "Sequence"], pair: Pair) -> "Sequence":
-        """`state` itself, a bare `PromptCache` in a new sequence (what it learns lasts one
-        generation), or, for None, a new sequence on fresh caches for `pair` (anything else:
-        a TypeError naming `prompt_cache`)."""
+        """`state` itself, a bare `PromptCache` in a new sequence (its lookup record lasts
+        one generation), or, for None, a new sequence on fresh caches for `pair` (anything
+        else: a TypeError naming `prompt_cache`)."""
         if isinstance(state, Sequence):
             return state
         if state is not None and not isinstance(state, PromptCache):  # e.g. mlx-lm's list of caches
@@ -51,20 +50,17 @@ class Sequence:
         max_tokens: Optional[int] = None,
     ) -> Plan:
         """Ready the caches for a generation through `pair` as `options` say, and plan it:
-        with an adaptive width, `policy` or this sequence's own (kept for its next turn)."""
+        with an adaptive width, `policy` or the pair's."""
         cache = self.cache
-        if pair.drafter is not None and pair.drafter is not cache.drafter:  # learned of another drafter
-            self.policy, self.guesses = None, GuessRecord()
         cache.use_drafter(pair.drafter)
         check_kv(cache, options)
         if pair.drafter is not None:
             cache.bound_drafter(options.window(pair.drafter), options.draft_sink)
-        plan = Plan.make(options, pair, policy or self.policy, max_tokens)
-        self.policy = plan.policy or self.policy
-        return plan
+        return Plan.make(options, pair, policy, max_tokens)
 
-    def records(self, plan: Plan) -> Records:
+    def records(self, plan: Plan, pair: Pair) -> Records:
         """The records a generation on `plan` reads and writes: the policy's drafter record
-        (fixed widths: a fresh one, for this generation) and this sequence's lookup record."""
-        drafts = plan.policy.drafts if plan.policy is not None else Acceptance(plan.block)
-        return Records(drafts, self.guesses)
+        (fixed widths: the pair's; the target alone: a fresh one) and this sequence's lookup
+        record."""
+        learned = plan.policy or pair.policy
+        return Records(learned.drafts if learned is not None else Acceptance(plan.block), self.guesses)

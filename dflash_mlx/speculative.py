@@ -8,8 +8,9 @@ plain steps are pipelined as in mlx-lm (the next is queued before this one's tok
 read), so a run of them costs what plain decoding does (`cycles.py`).
 
 A generation is wired from three things: the model `Pair` (the target adapter, the
-drafter, the kernel choice, the capabilities: built once per pair, `pair.py`), the
-`Sequence` it continues (its caches, tokens, records and policy: `sequence.py`) and its
+drafter, the kernel choice, the capabilities and the adaptive policy, what is learned of
+the drafter: built once per pair, `pair.py`), the `Sequence` it continues (its caches,
+tokens and prompt lookup's record: `sequence.py`) and its
 `Plan` (target alone, a fixed width, or an adaptive policy: `plan.py`). Each cycle's
 width (`policy.Width`: a plain step, a chain of b, a draft tree of n nodes) comes from
 the plan; `Cycles` runs it; `_Clock` charges it its time.
@@ -44,7 +45,6 @@ from .distributed import leaders_seconds
 from .drafter import Drafter
 from .options import DecodeOptions
 from .pair import Pair
-from .plan import new_policy
 from .policy import BlockSizePolicy, Width
 from .sequence import Sequence as DecodeSequence
 from .stats import GenerationStats, histogram
@@ -73,8 +73,9 @@ class GenerationResponse:
 
 
 def make_prompt_cache(model: nn.Module, draft_model: Optional[Drafter] = None) -> DecodeSequence:
-    """A sequence to continue across calls (multi-turn chat): its caches, and what it
-    learns of the drafter (the adaptive policy), carried from turn to turn."""
+    """A sequence to continue across calls (multi-turn chat): its caches and prompt
+    lookup's record, carried from turn to turn (what is learned of the drafter is the
+    pair's: `Pair.policy`)."""
     return DecodeSequence(PromptCache(model, draft_model))
 
 
@@ -100,8 +101,8 @@ def generate_step(
     `options` say how to decode (`DecodeOptions`; keyword `changes` to its fields, as
     mlx-lm's keyword arguments, are applied on top). The models decode through their
     `Pair` (`Pair.of`: built once); `prompt_cache` is the sequence continued (a fresh one
-    by default). An adaptive block size uses `policy` (by default the sequence's, which
-    persists across its calls). Plain steps run one ahead: when the caller stops after a
+    by default). An adaptive block size uses `policy` (by default the pair's, which
+    persists across calls). Plain steps run one ahead: when the caller stops after a
     token (EOS, a stop string), the step that feeds it is already queued and stays in the
     prompt cache (never past `max_tokens`)."""
     options = DecodeOptions.of(options, **changes)
@@ -112,7 +113,7 @@ def generate_step(
     pair = Pair.of(model, draft_model, options.use_kernels)
     sequence = DecodeSequence.of(prompt_cache, pair)
     plan = sequence.plan(options, pair, policy, max_tokens)
-    cycles = Cycles(pair, sequence.cache, sequence.records(plan), plan)
+    cycles = Cycles(pair, sequence.cache, sequence.records(plan, pair), plan)
     stats = stats if stats is not None else GenerationStats()
     clock = _Clock(stats, plan.policy, cycles.records)
     cache = sequence.cache
@@ -143,10 +144,11 @@ def generate_step(
 
 
 def make_policy(model: nn.Module, draft_model: Drafter, trees: bool = True) -> BlockSizePolicy:
-    """A fresh adaptive policy to carry across calls (`policy=`): a `TreePolicy` (plain
-    steps, chains and draft trees: what the loop makes by default) where the target has
-    trees and `trees` is on, else the chain-only `BlockSizePolicy`."""
-    return new_policy(Pair.of(model, draft_model), trees)
+    """A fresh adaptive policy of one's own to carry across calls (`policy=`), apart from
+    the one the pair shares with every call that passes none (`Pair.policy`): a `TreePolicy`
+    (plain steps, chains and draft trees: the loop's default) where the target has trees
+    and `trees` is on, else the chain-only `BlockSizePolicy`."""
+    return Pair.of(model, draft_model).new_policy(trees)
 
 
 class _Clock:
@@ -204,9 +206,8 @@ def stream_generate(
     decodes with the target alone. `options` (`DecodeOptions`) say how
     to decode; as in mlx-lm, its fields may also be given as keywords (`temp=0.7`,
     `block_size=8`, `kernels=False`, ...), applied on top. An adaptive block size
-    (`block_size=None`) is chosen every cycle (see `BlockSizePolicy`; pass `policy` to
-    carry one across calls, or a `prompt_cache` from `make_prompt_cache`, which keeps
-    its own). The last response
+    (`block_size=None`) is chosen every cycle (see `BlockSizePolicy`) by the pair's policy,
+    which learns across calls, or by `policy`, one's own from `make_policy`. The last response
     has a `finish_reason` ("stop" for EOS or a stop string, "length" at max_tokens; -1 or
     None: no limit, as in mlx-lm);
     every response's `stats` holds tau, the accepted-length histogram, timings and tokens/s.

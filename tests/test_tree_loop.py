@@ -30,6 +30,7 @@ from dflash_mlx.tree_policy import TreePolicy
 from dflash_mlx.cycles import chain_shown
 from dflash_mlx.drafter import Drafter, DrafterConfig
 from dflash_mlx.drafter2 import Drafter2, Drafter2Config
+from dflash_mlx.pair import Pair
 from dflash_mlx.sampling import SamplingParams, filter_logprobs, log_softmax
 from dflash_mlx.speculative import GenerationStats, generate_step
 from dflash_mlx.target import Target
@@ -118,7 +119,7 @@ def test_the_default_policy_weighs_trees(family):
     drafter = RankedDrafter(target, prompt + ref + [0] * BLOCK, RANKS[2])
     sequence = speculative.make_prompt_cache(model, drafter)
     assert dflash_tokens(model, prompt, drafter, 24, prompt_cache=sequence)[0] == ref, name
-    assert type(sequence.policy) is TreePolicy is type(speculative.make_policy(model, drafter))
+    assert type(Pair.of(model, drafter).policy) is TreePolicy is type(speculative.make_policy(model, drafter))
     assert type(speculative.make_policy(model, drafter, trees=False)) is BlockSizePolicy
 
 

@@ -337,9 +337,8 @@ class Scheduler:
         last, sampling = fed[-1], run.options.sampling()
         cache = run.cache.cache  # holds every token before `last`, in the target and the drafter's context
         draft = cache.context_copy()
-        policy = run.cache.policy  # what the request learned of the drafter alone, if adaptive
-        fits = policy is not None and policy.drafts.size == decoder.pair.block
-        records = Records(policy.drafts if fits else Acceptance(decoder.pair.block), run.cache.guesses)
+        learned = decoder.pair.policy  # what the pair learned of the drafter (None: no drafter)
+        records = Records(learned.drafts if learned is not None else Acceptance(1), run.cache.guesses)
         logprobs, lookup = req.logprobs is not None, run.options.lookup
         rows[decoder.add(cache.target, last, sampling, logprobs, draft, records, fed[:-1], lookup)] = run
 

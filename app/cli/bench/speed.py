@@ -293,8 +293,10 @@ def _methods(
         return chunks, seconds, 0, 0
 
     def ours(options: DecodeOptions, drafter=drafter, trees: bool = True) -> Callable:
-        adaptive = options.adaptive(drafter) and not options.tree_budget
-        policy = make_policy(model, drafter, trees and options.tree_budget != 0) if adaptive else None
+        # as API users call it: one call a prompt, learning in the pair's policy; the
+        # chain-only row learns in its own
+        chains = options.adaptive(drafter) and not trees
+        policy = make_policy(model, drafter, trees=False) if chains else None
 
         def run(prompt):
             stream = stream_generate(model, tokenizer, prompt, drafter, options, max_tokens=max_tokens, policy=policy)
