@@ -5,18 +5,22 @@ what lies between is exactly what ``benchmarks/NAME.json`` renders to: the comma
 produced it (an sh block), when and where they ran, then the table. So a number in a marked
 block changes only with its JSON, and the JSON is what the commands wrote.
 
-A JSON file is one of two kinds, both with ``"commands"`` (a list of command lines) and
-``"when"`` (date, machine state, commit):
+A JSON file is one of two kinds, both with ``"commands"`` (a list of command lines),
+``"when"`` (date, machine state, commit) and ``"measured"`` (the commit and the files its numbers
+measured, or why it is a historical record: ``benchmarks/stale.py``; not rendered):
 
 - a benchmark report, as ``dflash bench speed --json FILE`` writes it (it has ``"results"``),
-  rendered by the bench's own table (``markdown_table``): add the two keys to the file the
+  rendered by the bench's own table (``markdown_table``): add the three keys to the file the
   command wrote;
 - a plain table: ``"columns"``, each ``{"name", "align": "l" | "r", "format": spec}`` (the
   format spec is Python's, applied to numbers; strings are shown as they are), and
   ``"rows"``, lists of cells.
 
 ``python -m benchmarks.render --check`` exits 1 if BENCHMARKS.md differs from what the JSON
-renders (naming the blocks); ``--write`` rewrites the marked blocks.
+renders (naming the blocks) or a table is stale (naming it, its commit and the newest commit
+that changed what it measures); ``--consistency`` checks the first alone (the tests: a commit to
+the engine does not fail them), ``--stale`` prints every table's state, ``--write`` rewrites the
+marked blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from benchmarks.stale import measured, statuses
 
 #: Where the benches' own tables live (the one place to change if a bench moves).
 BENCH_TABLE_MODULE = "app.cli.bench.speed"
@@ -92,7 +98,9 @@ def rendered(text: str, directory: Path = HERE) -> tuple[str, list[str]]:
         path = directory / f"{m.group(2)}.json"
         if not path.is_file():
             raise ValueError(f"<!-- render: {m.group(2)} --> has no benchmarks/{m.group(2)}.json")
-        new = render(m.group(2), json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        measured(m.group(2), data)  # not rendered, but every table has it
+        new = render(m.group(2), data)
         if new != m.group(3):
             changed.append(m.group(2))
         return m.group(1) + new + m.group(4)
@@ -101,19 +109,27 @@ def rendered(text: str, directory: Path = HERE) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`--check` (exit 1 on a difference) or `--write`; `--file` names another BENCHMARKS.md."""
+    """`--check` (exit 1 on a difference or a stale table), `--consistency` (on a difference),
+    `--stale` (every table's state) or `--write`; `--file` and `--benchmarks` name others."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.render", description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md differs from the JSON")
+    mode.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md differs from the JSON or is stale")
+    mode.add_argument("--consistency", action="store_true", help="exit 1 if BENCHMARKS.md differs from the JSON")
+    mode.add_argument("--stale", action="store_true", help="print each table's staleness, one line each")
     mode.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md's rendered blocks")
     parser.add_argument("--file", type=Path, default=BENCHMARKS_MD, help="the Markdown file (default: BENCHMARKS.md)")
+    parser.add_argument("--benchmarks", type=Path, default=HERE, help="the JSON files' folder (default: benchmarks/)")
     args = parser.parse_args(argv)
     try:
         text = args.file.read_text()
-        new, changed = rendered(text)
+        new, changed = rendered(text, args.benchmarks)
+        found, skipped = statuses(args.benchmarks) if args.check or args.stale else ([], "")
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.stale:
+        print("\n".join([s.line for s in found] or [skipped]))
+        return 0
     if args.write:
         if new != text:
             args.file.write_text(new)
@@ -122,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     if changed:
         names = ", ".join(changed)
         print(f"{args.file.name} differs from benchmarks/*.json in: {names} (run --write)", file=sys.stderr)
-        return 1
-    return 0
+    stale = [s.line for s in found if s.stale]
+    for line in ([skipped] if skipped else []) + stale:
+        print(line, file=sys.stderr)
+    return 1 if changed or stale else 0
 
 
 if __name__ == "__main__":
