@@ -8,8 +8,9 @@ line of `dflash curves`.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
+
+from benchmarks.stale import head_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 POINT = ROOT / "assets" / "train" / "long-run"
@@ -33,7 +34,7 @@ def evaluations(log: Path) -> list[list]:
 
 def main() -> None:
     state = json.loads((POINT / "state.json").read_text())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    commit = head_commit(ROOT)
     columns = [{"name": "step", "align": "r", "format": ","}, {"name": "core-hours", "align": "r", "format": ".2f"}]
     columns += [{"name": name, "align": "r", "format": ".2f"} for name in ("all", *KINDS)]
     columns.append({"name": "weights", "align": "l"})
@@ -44,8 +45,10 @@ def main() -> None:
             f"({state['core_seconds'] / 3600:.2f} core-hours of training steps), 2-core x86 Linux, two OpenBLAS "
             "threads while the CPU lock is free, one while it is held, stopped for test suites and benchmarks; "
             "held-out greedy tau by replay (40 held-out prompts x 64 tokens, B = 8), rendered at commit "
-            f"{commit.stdout.strip()} by `python -m benchmarks.long_run`."
+            f"{commit} by `python -m benchmarks.long_run`."
         ),
+        # the committed log is what the table measured: later training code does not alter it
+        "measured": {"commit": commit, "files": ["assets/train/long-run/", "benchmarks/long_run.py"]},
         "columns": columns,
         "rows": evaluations(POINT / "train_log.jsonl"),
     }

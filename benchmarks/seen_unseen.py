@@ -26,6 +26,8 @@ from dflash_mlx.loading import load
 from dflash_mlx.targets import make_target
 from dflash_mlx.train.replay import Reference, reference, replay_tau
 
+from benchmarks.stale import head_commit
+
 ROOT = Path(__file__).resolve().parent.parent
 POINT = "assets/train/long-run"
 SHIPPED = ROOT / "assets" / "smollm2-135m-dflash-b8"
@@ -41,6 +43,16 @@ PARTS = (
     ("8,931-9,575: never by any", 8931, 9576),
 )
 PROMPTS, TOKENS, BLOCK = 80, 64, 8
+#: what the table measures (benchmarks/stale.py): replay, the shipped drafter and the data
+MEASURED = [
+    "dflash_mlx/",
+    "!dflash_mlx/train/",
+    "dflash_mlx/train/replay.py",
+    "dflash_mlx/train/evaluate.py",
+    "benchmarks/seen_unseen.py",
+    "assets/smollm2-135m-dflash-b8/",
+    "assets/train/smollm2-train.jsonl.gz",
+]
 
 
 def sample(records: list[dict], first: int, end: int, eos: set[int], target) -> list[Reference]:
@@ -111,6 +123,7 @@ def main() -> None:
             f"and the shipped drafter without its draft vocabulary; float32 target, greedy tau by replay along the "
             f"data's own answers ({TOKENS} tokens, B = {BLOCK}), 2-core x86 Linux."
         ),
+        "measured": {"commit": head_commit(ROOT), "files": MEASURED},
         "columns": [
             {"name": "training sequences (single-turn greedy self-instruct ones)", "align": "l", "format": ""},
             {"name": "answers", "align": "r", "format": "d"},
