@@ -9,12 +9,19 @@ During a generation `Cycles` appends to `PromptCache.tokens` (what the target ca
 holds): a token joins it when it enters the target, or, fed lazily, once `read` knows its
 value. The models are the `Pair`'s (shared); the caches and records are one sequence's.
 
-A tree cycle (`tree.py`) reads the drafter's candidates on the host to build the tree, so
-it syncs twice: once for the tree, once for the walk. Its candidates are the top tokens of
-the drafter's logits at each block position (for DFlash2, the selector's candidates: the
-same top-k set the selector ranks), and the chain it shows the policy is the drafter's own
-chain draft (`Drafter.candidates`: DFlash2's selector path). A chain cycle may verify prompt
-lookup's guess instead of drafting (`acceptance.Records.chain_guess`).
+A drafted cycle is queued in two parts. `draft` queues the drafter's forward (or takes
+prompt lookup's guess) as soon as the last cycle's tokens are on the host, before the loop's
+bookkeeping and the caller's work on them, so the device drafts meanwhile; `run` then
+verifies. The drafter always fills its whole block when the width is adaptive, so one
+forward serves a chain or a tree. A chain cycle reads the host once (its accepted drafts
+and the target's next token, in one array); a tree cycle twice: its candidates, to build
+the tree on the host, and the walk's choices. Every read goes through `host.py`.
+
+A tree's candidates are the top tokens of the drafter's logits at each block position (for
+DFlash2, the selector's candidates: the same top-k set the selector ranks), and the chain
+it shows the policy is the drafter's own chain draft (`Drafter.candidates`: DFlash2's
+selector path). A chain cycle may verify prompt lookup's guess instead of drafting
+(`acceptance.Records.chain_guess`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Callable, Optional, Sequence, Union
 import mlx.core as mx
 import numpy as np
 
+from . import host
 from .acceptance import Records
 from .cache import PromptCache
 from .lookup import WINDOW, lookup
@@ -78,6 +86,24 @@ class Cycle:
         return self.tokens[-1] if self.ready else self.queued
 
 
+@dataclass
+class Drafted:
+    """A drafted cycle's first part, queued before the host's bookkeeping (`Cycles.draft`):
+    its root token and width, the draws the drafter and the verify share, and the drafts: a
+    chain's (the drafter's first `size - 1`, or prompt lookup's guess in their place), or a
+    tree's candidates (`top_candidates`, (rows, k) each) and the drafter's own chain (rows,)."""
+
+    token: int
+    width: Width
+    draws: Draws
+    drafts: mx.array  # a chain: its drafts (size - 1,); a tree: the drafter's chain (rows,)
+    found: list[int]  # prompt lookup's guess (a chain: as far as the chain goes; a tree: its depth)
+    guessed: bool = False  # a chain of lookup's guess
+    candidates: Optional[tuple[mx.array, mx.array]] = None  # a tree's (log-probabilities, ids)
+    depth: int = 0  # a tree's depth
+    drafting: float = 0.0  # seconds spent drafting (profiling only)
+
+
 def _chunks(todo: list[int], last_apart: bool) -> list[list[int]]:
     """The prefill's forwards: PREFILL_STEP tokens each; with `last_apart` (a quantized KV
     cache) the last token in one of its own, as mlx-lm's prefill does, so the same tokens
@@ -98,8 +124,8 @@ class Cycles:
     def read(self, cycle: Cycle) -> list[int]:
         """The committed tokens of `cycle` on the host (waits for a queued step). A token
         already fed to the next plain step joins `cache.tokens` now that its value is known."""
-        if not cycle.ready:
-            cycle.tokens, cycle.queued = [cycle.queued.item()], None
+        if not cycle.ready:  # a plain step queued on it keeps the device busy meanwhile
+            cycle.tokens, cycle.queued = [host.read(cycle.queued, behind=cycle is self._fed)], None
             if cycle is self._fed:
                 self.cache.tokens.append(cycle.tokens[-1])
                 self._fed = None
@@ -132,7 +158,7 @@ class Cycles:
             cache.flush()
             drafter.append_context(features, cache.draft)
         cache.tokens += chunk
-        mx.eval([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
+        host.wait([c.state for c in cache.target] + ([c.keys for c in cache.draft] if cache.draft else []))
         return hidden
 
     def plain(self, after: Cycle) -> Cycle:
@@ -153,17 +179,17 @@ class Cycles:
             self.cache.pending.append(features)
         return self._queue(1, self.target.lm_head(hidden)[0], position)
 
-    def run(self, after: Cycle, width: Width, depth: int, rows: int) -> Cycle:
-        """The cycle of `width` after `after`: a plain step, a chain, or a tree `depth` deep
-        whose drafter candidates go `rows` deep (`Plan.depths`)."""
-        if width.tree:
-            return self.tree(after.last, width.nodes, depth, rows)
-        return self.plain(after) if width.size == 1 else self.speculate(after.last, width.size)
+    def run(self, after: Cycle, drafted: Optional[Drafted]) -> Cycle:
+        """The cycle after `after`: the verify of `drafted` (a chain or a tree, queued by
+        `draft`), or, with no drafts, a plain step."""
+        if drafted is None:
+            return self.plain(after)
+        return self.tree(drafted) if drafted.width.tree else self.speculate(drafted)
 
     def _queue(self, size: int, logits: mx.array, position: int) -> Cycle:
         """logits (1, V) choose the token at `position`."""
         token, logprobs = self.plan.sampling.choose(logits, position)[0], log_softmax(logits[0])
-        mx.async_eval(token, logprobs)
+        host.queue(token, logprobs)
         return Cycle(size, 0, [logprobs], queued=token)
 
     def _lookup(self, token: int, k: int) -> list[int]:
@@ -171,66 +197,74 @@ class Cycles:
         n = self.plan.lookup
         return lookup(self.cache.tokens[-WINDOW:] + [token], k, n) if n else []
 
-    def speculate(self, token: int, size: int) -> Cycle:
-        """Draft `size - 1` tokens after `token` (the first ones of the block `Plan.draft_block`
-        says), or take prompt lookup's guess where it promises more (never in a probe);
-        verify them, keep the accepted prefix."""
-        cache, target = self.cache, self.target
+    def draft(self, after: Cycle, width: Width, depth: int, rows: int) -> Optional[Drafted]:
+        """Queue the drafts of a cycle of `width` after `after` (its tokens on the host): a
+        chain's `size - 1` drafts (the first ones of the block `Plan.draft_block` says), or
+        prompt lookup's guess where it promises more (never in a probe); a tree's candidates
+        for `rows` depths and lookup's guess `depth` deep (`Plan.depths`). None for a plain step."""
+        if width.size == 1:
+            return None
+        cache, drafter, tic = self.cache, self.drafter, time.perf_counter()
         cache.flush()
+        token = after.last
         # The drafter and the verify choose block positions 1.. with the same draws.
         draws = self.plan.sampling.draws(len(cache.tokens) + 1)
-        found = self._lookup(token, size - 1)
-        guess = [] if self.plan.probing else self.records.chain_guess(found, size - 1)
+        if width.tree:
+            found = self._lookup(token, depth)
+            block = mx.array([[token] + [drafter.config.mask_token_id] * (self.plan.block - 1)])
+            proposals, chain = drafter.candidates(block, cache.draft, self.target, draws)  # (B - 1, V), (B - 1,)
+            candidates = top_candidates(proposals[:rows], width.nodes)
+            drafted = Drafted(token, width, draws, chain[:rows], found, candidates=candidates, depth=depth)
+            return self._queued(drafted, tic, *candidates)
+        found = self._lookup(token, width.nodes)
+        guess = [] if self.plan.probing else self.records.chain_guess(found, width.nodes)
         if guess:
-            drafts, drafting, size = mx.array(guess), 0.0, len(guess) + 1
-        else:
-            drafts, drafting = self._draft(token, size, draws)
+            return Drafted(token, Width(len(guess) + 1), draws, mx.array(guess), found, guessed=True)
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (self.plan.draft_block(width.size) - 1)])
+        drafts = drafter.draft(block, cache.draft, self.target, draws)[: width.nodes]
+        return self._queued(Drafted(token, width, draws, drafts, found), tic)
+
+    def _queued(self, drafted: Drafted, tic: float, *more: mx.array) -> Drafted:
+        """`drafted` with its drafts (and `more`) queued; waited for and timed when profiling."""
+        if not self.plan.profile:
+            host.queue(drafted.drafts, *more)  # the device drafts while the host does its bookkeeping
+            return drafted
+        host.wait(drafted.drafts, *more)
+        drafted.drafting = time.perf_counter() - tic
+        return drafted
+
+    def speculate(self, drafted: Drafted) -> Cycle:
+        """Verify a chain's drafts (`draft`), keep the accepted prefix."""
+        cache, target, token, drafts = self.cache, self.target, drafted.token, drafted.drafts
+        size = drafted.width.size
         checkpoint = Checkpoint(cache.target, target.replay)
         hidden, features = target.forward(
             mx.concatenate([mx.array([token]), drafts])[None], cache.target, checkpoint=checkpoint
         )
         logits = target.lm_head(hidden)[0]
-        accepted, bonus = accept(drafts, draws.choose(logits))
-        *drafted, accepted, bonus = mx.concatenate([drafts, accepted[None], bonus[None]]).tolist()
+        accepted, bonus = accept(drafts, drafted.draws.choose(logits))
+        *drafts_read, accepted, bonus = host.read(mx.concatenate([drafts, accepted[None], bonus[None]]))
         # Keep [token, accepted drafts] in the target cache; their features become context.
         checkpoint.rollback(size - accepted - 1)
         cache.quantize(self.plan.kv)
-        cache.tokens += [token] + drafted[:accepted]
+        cache.tokens += [token] + drafts_read[:accepted]
         self.drafter.append_context(features[:, : accepted + 1], cache.draft)
         logprobs = list(log_softmax(logits[: accepted + 1]))
-        committed = drafted[:accepted] + [bonus]
-        self.records.guesses.observe(found, committed)
-        return Cycle(size, accepted, logprobs, drafting, tokens=committed, guessed=bool(guess))
+        committed = drafts_read[:accepted] + [bonus]
+        self.records.guesses.observe(drafted.found, committed)
+        return Cycle(size, accepted, logprobs, drafted.drafting, committed, guessed=drafted.guessed)
 
-    def _draft(self, token: int, size: int, draws: Draws) -> tuple[mx.array, float]:
-        """The drafter's first `size - 1` drafts after `token` (queued), and the seconds spent
-        drafting (measured when profiling only)."""
-        drafter, tic = self.drafter, time.perf_counter()
-        width = self.plan.draft_block(size)
-        block = mx.array([[token] + [drafter.config.mask_token_id] * (width - 1)])
-        drafts = drafter.draft(block, self.cache.draft, self.target, draws)[: size - 1]
-        if not self.plan.profile:
-            mx.async_eval(drafts)  # drafting runs while the verify graph is built
-            return drafts, 0.0
-        mx.eval(drafts)
-        return drafts, time.perf_counter() - tic
-
-    def tree(self, token: int, budget: int, depth: int, rows: int) -> Cycle:
-        """Draft a tree of up to `budget` nodes, at most `depth` deep, below `token` (the
-        drafter's candidates for `rows` depths, from one forward over its whole block, and
-        prompt lookup's guess, which may go deeper: `lookup.py`), verify root + nodes in one
-        target forward, walk it with the target's rule and keep the accepted path."""
-        cache, drafter, target, tic = self.cache, self.drafter, self.target, time.perf_counter()
-        cache.flush()
-        # node i chooses the token after it, at position root + depth + 1, with the keyed draws
-        draws = self.plan.sampling.draws(len(cache.tokens) + 1)
-        block = mx.array([[token] + [drafter.config.mask_token_id] * (self.plan.block - 1)])
-        proposals, chain = drafter.candidates(block, cache.draft, target, draws)  # (B - 1, V), (B - 1,)
-        logprobs, ids = top_candidates(proposals[:rows], budget)
-        guess = self._lookup(token, depth)
-        records = self.records
-        tree = build_tree(token, np.array(logprobs), np.array(ids), budget, depth, guess, records.guesses.logprob)
-        drafting = time.perf_counter() - tic if self.plan.profile else 0.0
+    def tree(self, drafted: Drafted) -> Cycle:
+        """Build the tree of `drafted`'s candidates (up to its width's nodes, at most its
+        depth deep, prompt lookup's guess one more path that may go deeper: `lookup.py`),
+        verify root + nodes in one target forward, walk it with the target's rule and keep
+        the accepted path."""
+        cache, target, records, token = self.cache, self.target, self.records, drafted.token
+        logprobs, ids = host.read(*drafted.candidates)
+        budget, rows = drafted.width.nodes, drafted.drafts.shape[0]
+        tree = build_tree(
+            token, np.array(logprobs), np.array(ids), budget, drafted.depth, drafted.found, records.guesses.logprob
+        )
         start = cache.target[0].offset
         positions = tree.positions(start)  # (n + 1,)
         hidden, features = target.tree_forward(
@@ -239,20 +273,21 @@ class Cycles:
         logits = target.lm_head(hidden)[0]  # (n + 1, V)
         # the chain's drafts (what `speculate` would verify) tell the policy how a chain would
         # have fared on this cycle's tokens, so its estimates stay fresh while trees run
-        choices = mx.concatenate([draws.choose(logits, tree.depths), chain[:rows]]).tolist()
+        # node i chooses the token after it, at position root + depth + 1, with the keyed draws
+        choices = host.read(mx.concatenate([drafted.draws.choose(logits, tree.depths), drafted.drafts]))
         path, bonus = walk(tree, choices[: len(tree.tokens)])
-        chain = choices[len(tree.tokens) :]
-        rows = [0] + path
-        keep_rows(cache.target, start, rows)
+        chain = choices[len(tree.tokens) : len(tree.tokens) + rows]
+        kept = [0] + path
+        keep_rows(cache.target, start, kept)
         cache.quantize(self.plan.kv)
-        cache.tokens += [tree.tokens[i] for i in rows]
-        kept = mx.array(rows)
-        drafter.append_context(features[:, kept], cache.draft)
+        cache.tokens += [tree.tokens[i] for i in kept]
+        rows_kept = mx.array(kept)
+        self.drafter.append_context(features[:, rows_kept], cache.draft)
         committed = [tree.tokens[i] for i in path] + [bonus]
-        records.guesses.observe(guess, committed)
-        logprobs = list(log_softmax(logits[kept]))
+        records.guesses.observe(drafted.found, committed)
+        logprobs = list(log_softmax(logits[rows_kept]))
         shown = chain_shown(chain, committed)
-        return Cycle(tree.size + 1, len(path), logprobs, drafting, committed, tree=True, chain=shown)
+        return Cycle(tree.size + 1, len(path), logprobs, drafted.drafting, committed, tree=True, chain=shown)
 
 
 def chain_shown(drafts: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:

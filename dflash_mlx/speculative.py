@@ -3,9 +3,11 @@
 One cycle: the drafter fills [last token, MASK x (b-1)] in one forward; the target
 verifies the whole block in one forward; the longest agreeing prefix is kept, plus one
 token of the target's own; the target cache is trimmed back to the committed length and
-the committed tokens' features become new drafter context. One host sync per cycle;
-plain steps are pipelined as in mlx-lm (the next is queued before this one's token is
-read), so a run of them costs what plain decoding does (`cycles.py`).
+the committed tokens' features become new drafter context. A chain cycle reads the host
+once, and the next cycle's drafts are queued right after, before the loop's bookkeeping and
+the caller's work on the tokens; plain steps are pipelined as in mlx-lm (the next is queued
+before this one's token is read), so a run of them costs what plain decoding does
+(`cycles.py`, `host.py`).
 
 A generation is wired from three things: the model `Pair` (the target adapter, the
 drafter, the kernel choice, the capabilities and the adaptive policy, what is learned of
@@ -134,11 +136,13 @@ def generate_step(
         if not done.ready:
             cycles.read(done)
             clock.charge(done)
+        # The next cycle's drafts are queued before the bookkeeping and the caller's work.
+        drafted = cycles.draft(done, width, *plan.depths(produced, width.nodes))
         stats.draft_cache(*cache.draft_memory())
         with clock.paused():
             yield done.tokens, done.accepted, done.logprobs
         if nxt is None:
-            nxt = cycles.run(done, width, *plan.depths(produced, width.nodes))
+            nxt = cycles.run(done, drafted)
         produced += len(nxt.tokens) if nxt.ready else 1
         done = nxt
 
