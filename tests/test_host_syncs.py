@@ -1,0 +1,147 @@
+"""The decoding loop reads the device only through `dflash_mlx.host`, and as rarely as its
+design says: one blocking read a plain step and a chain cycle, two a tree cycle (its
+candidates, to build the tree on the host, and the walk's choices).
+
+Counted two ways over the cycles after the first (the prefill's reads are one-offs): the
+engine's own `host.watching()`, and MLX's public blocking calls (`mx.eval`, `.item()`,
+`.tolist()`) wrapped here, so that a read made past `host.py` (by the engine, or by mlx-lm
+code it runs) is caught too. And no engine module calls them directly, outside the
+one-offs listed here with their reasons.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import Counter
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+import pytest
+
+from dflash_mlx import host
+from dflash_mlx.speculative import generate_step
+from dflash_mlx.targets import make_target
+from tiny_drafters import BLOCK, ScriptedDrafter, prompt_of
+from tiny_targets import tiny_target
+from references import greedy_reference
+
+ENGINE = Path(dflash_mlx.__file__).parent
+HOST = str(ENGINE / "host.py")
+
+#: Blocking calls the engine makes outside `host.py`, by (module, function): each a one-off
+#: outside the decoding cycle, or not a device read.
+ONE_OFFS = {
+    ("distributed.py", "sharded_load"): "ranks agree once, at load",
+    ("distributed.py", "leaders_seconds"): "under mlx.launch only: rank 0's cycle time, one scalar a cycle",
+    ("distributed.py", "lockstep"): "under mlx.launch with --check-ranks only: the ranks' tokens compared",
+    ("draft_vocab.py", "check_draft_vocab"): "a numpy array, not a device read",
+    ("drafter.py", "head"): "the draft vocabulary's head rows, sliced once per target",
+    ("drafter.py", "activation_peak"): "a drafter's check at load",
+    ("drafters.py", "build_drafter"): "a drafter's weights, made once",
+    ("drafters.py", "average_drafters"): "averaging checkpoints (dflash average)",
+    ("kernels/choice.py", "evaluated"): "a kernel timed once per machine and shape",
+    ("kernels/choice.py", "compare_outputs"): "a kernel checked once per machine and shape",
+    ("lookup.py", "lookup"): "a numpy array of host tokens, not a device read",
+    ("sampling.py", "fresh_seed"): "a seed, once per sampled generation without one",
+    ("text.py", "token_ids"): "the prompt's ids, before decoding",
+    # the batch's cycle: its reads go through host.py next (issue 57)
+    ("batch.py", "step"): "the batch's plain step",
+    ("batch_spec.py", "speculate"): "the batch's drafted cycle",
+    ("holes.py", "punch"): "the batch's hole count",
+    ("holes.py", "_kept"): "the batch's compaction",
+}
+
+
+def _blocking_calls(path: Path) -> Iterator[tuple[str, int]]:
+    """(enclosing function, line) of each `.item()`, `.tolist()`, `mx.eval(...)` and
+    `mx.async_eval(...)` in the module at `path`."""
+    tree = ast.parse(path.read_text())
+    for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name, owner = node.func.attr, node.func.value
+                module_call = isinstance(owner, ast.Name) and owner.id == "mx" and name in ("eval", "async_eval")
+                if name in ("item", "tolist") or module_call:
+                    yield func.name, node.lineno
+
+
+def test_the_engine_reads_the_device_only_through_host():
+    found = set()
+    for path in sorted(ENGINE.rglob("*.py")):
+        relative = path.relative_to(ENGINE).as_posix()
+        if relative.startswith("train/") or relative == "host.py":
+            continue
+        for function, line in _blocking_calls(path):
+            found.add((relative, function))
+            assert (relative, function) in ONE_OFFS, f"{relative}:{line} ({function}) reads the device past host.py"
+    assert found == set(ONE_OFFS), f"one-offs no longer there: {set(ONE_OFFS) - found}"
+
+
+@contextmanager
+def blocking_calls(monkeypatch) -> Iterator[Counter]:
+    """Count MLX's public blocking calls by caller: "host" (dflash_mlx/host.py), "stray"
+    (any other engine module, or mlx-lm's code), "other" (the tests' own)."""
+    calls: Counter = Counter()
+    counting = [True]
+
+    def counted(original):
+        def wrapper(*args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            ours_or_mlx_lm = caller.startswith(str(ENGINE)) or "mlx_lm" in caller
+            calls["host" if caller == HOST else "stray" if ours_or_mlx_lm else "other"] += counting[0]
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mx, "eval", counted(mx.eval))
+        patch.setattr(mx.array, "item", counted(mx.array.item))
+        patch.setattr(mx.array, "tolist", counted(mx.array.tolist))
+        yield calls
+        counting[0] = False
+
+
+def reads_per_cycle(monkeypatch, model, drafter, cycles: int, **options) -> tuple[float, Counter]:
+    """The engine's blocking reads per cycle over `cycles` cycles after the first, and the
+    public calls by caller; the tokens equal mlx-lm's greedy ones."""
+    prompt = prompt_of(7, 11)
+    tokens = []
+    with closing(generate_step(prompt, model, drafter, max_tokens=None, **options)) as steps:
+        tokens += next(steps)[0]  # the prefill and its token
+        with host.watching() as watch, blocking_calls(monkeypatch) as calls:
+            for _ in range(cycles):
+                tokens += next(steps)[0]
+    assert tokens == greedy_reference(model, prompt, len(tokens))
+    return watch.reads / cycles, calls
+
+
+@pytest.fixture(scope="module")
+def pair():
+    model = tiny_target("llama", seed=2, scale=2.0)
+    truth = prompt_of(7, 11) + greedy_reference(model, prompt_of(7, 11), 200) + [0] * BLOCK
+    # drafts right up to block position 3, then wrong: chains accept 2, trees walk further
+    return model, ScriptedDrafter(make_target(model, (1,)), truth, lambda cycle, k: k == 3)
+
+
+@pytest.mark.parametrize(
+    "kind, options, most",
+    [
+        ("plain", None, 1),
+        ("chain", dict(block_size=BLOCK, tree_budget=0), 1),
+        ("tree", dict(block_size=BLOCK, tree_budget=8), 2),
+        ("defaults", dict(), 2),
+    ],
+)
+def test_blocking_reads_per_cycle(monkeypatch, pair, kind, options, most):
+    model, drafter = pair
+    per_cycle, calls = reads_per_cycle(
+        monkeypatch, model, drafter if options is not None else None, 24, **options or {}
+    )
+    assert per_cycle <= most, (kind, per_cycle)
+    assert calls["stray"] == 0, (kind, calls)
+    if kind in ("plain", "chain"):
+        assert per_cycle == 1, (kind, per_cycle)
