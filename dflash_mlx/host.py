@@ -43,7 +43,6 @@ class Watch:
 
     def blocked(self, behind: bool) -> None:
         """A blocking read returned (`behind`: later work was queued, the device stays busy)."""
-        self.queued()  # the read queued whatever it evaluates first
         self.reads += 1
         self._drained = None if behind else time.perf_counter()
 
@@ -76,6 +75,8 @@ def queue(*arrays: Any) -> None:
 
 def wait(*arrays: Any, behind: bool = False) -> None:
     """Compute `arrays` and wait for them (`mx.eval`): one blocking read."""
+    if _watch is not None:
+        _watch.queued()  # the read queues what it evaluates
     mx.eval(*arrays)
     if _watch is not None:
         _watch.blocked(behind)
@@ -84,6 +85,8 @@ def wait(*arrays: Any, behind: bool = False) -> None:
 def read(*arrays: mx.array, behind: bool = False) -> Any:
     """The arrays' values on the host (`.tolist()`: a Python scalar for a 0-d array; a list
     of values for several arrays), after one blocking read that waits for all of them."""
+    if _watch is not None:
+        _watch.queued()  # the read queues what it evaluates
     if len(arrays) > 1:
         mx.eval(*arrays)
     values = [a.tolist() for a in arrays]

@@ -189,3 +189,16 @@ def test_bench_context_lengths(default_model_dir, tmp_path):
 
     _, tokenizer = mlx_lm.load(str(default_model_dir))
     assert abs(len(tokenizer.encode(documentation(tokenizer, 500), add_special_tokens=False)) - 500) <= 10
+
+
+def test_bench_host_counts_reads_and_idle_time_per_kind_of_cycle(default_model_dir):
+    """`dflash bench host`: a row per kind of cycle; a tree cycle reads the host more often
+    than a chain (its candidates, then the walk), a plain step about once."""
+    from app.cli.bench.host import host_table, run_host_bench
+
+    report = run_host_bench(str(default_model_dir), None, ["Name a colour."], max_tokens=12)
+    rows = {r["kind"]: r for r in report["results"]}
+    assert list(rows) == ["plain", "chain 8", "tree 16", "defaults"]
+    assert 1 <= rows["plain"]["reads_per_cycle"] < 1.5 and rows["tree 16"]["reads_per_cycle"] >= 2
+    assert all(r["idle_ms_per_cycle"] >= 0 and r["cycles"] > 0 for r in rows.values())
+    assert "| tree 16 |" in host_table(report)

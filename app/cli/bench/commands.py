@@ -1,15 +1,17 @@
-"""`dflash bench`: five benchmarks, one subcommand each.
+"""`dflash bench`: six benchmarks, one subcommand each.
 
     dflash bench speed [...]                 plain mlx-lm vs ours (vs z-lab's loop), one table
     dflash bench context --lengths 512,... [...]   decode speed and tau after long contexts
     dflash bench verify-cost [...]           a verify of n = 1..64 rows against a plain step
     dflash bench kernels [...]               the verify kernel against mx.quantized_matmul
     dflash bench concurrency 1,2,4,8 [...]   dflash serve against mlx_lm.server under N clients
+    dflash bench host [...]                  blocking reads and the host's idle ms per kind of cycle
 
 `dflash bench` alone runs `speed` with its defaults, and `dflash bench -m 32 ...` (options
 first, no subcommand: as `git stash -p` is `git stash push -p`) runs `speed` with them.
 Each parses its options, runs the
-benchmark in its module (`speed.py`, `context.py`, `verify.py`, `kernels.py`, `concurrency.py`) under a
+benchmark in its module (`speed.py`, `context.py`, `verify.py`, `kernels.py`, `concurrency.py`,
+`host.py`) under a
 status line on stderr, and prints its table (`--json`: the report too).
 """
 
@@ -65,7 +67,7 @@ def read_prompts(sources: Sequence[str]) -> tuple[list[str], list[str]]:
 
 @bench_app.callback(invoke_without_command=True)
 def bench(ctx: typer.Context) -> None:
-    """Benchmarks: speed (plain mlx-lm vs DFlash, the default), context, verify-cost, kernels, concurrency."""
+    """Benchmarks: speed (plain mlx-lm vs DFlash, the default), context, verify-cost, kernels, concurrency, host."""
     if ctx.invoked_subcommand is None:
         command = ctx.command.get_command(ctx, "speed")
         with command.make_context("speed", [], parent=ctx) as speed_ctx:  # its defaults, parsed
@@ -284,3 +286,32 @@ def concurrency(
     write_json(report, json_out)
     if plot:
         plot_concurrency(report, plot)
+
+
+@bench_app.command()
+@one_line_errors
+def host(
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
+    prompts: List[str] = typer.Option(
+        ["heldout"], "--prompts", help="Prompt files or shipped held-out sets (default: the 40 held-out prompts)."
+    ),
+    limit: int = typer.Option(8, "--limit", help="Use the first this many prompts."),
+    max_tokens: int = typer.Option(64, "--max-tokens", "-m"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help=JSON_HELP),
+) -> None:
+    """Blocking host reads per cycle and the host's milliseconds with nothing queued on the
+    device, for plain steps, chains, trees and the default policy (what a GPU would wait)."""
+    from rich.console import Console
+
+    from .host import host_table, run_host_bench
+
+    for flag, value in (("--limit", limit), ("--max-tokens", max_tokens)):
+        positive(value, flag)
+    writable(json_out, "--json")
+    check_pair(model)
+    texts = read_prompts(prompts)[0][:limit]
+    with Console(stderr=True).status("timing the host") as status:
+        report = run_host_bench(model, draft, texts, max_tokens=max_tokens, progress=status.update)
+    print(host_table(report))
+    write_json(report, json_out)
