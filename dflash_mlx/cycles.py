@@ -13,9 +13,10 @@ A drafted cycle is queued in two parts. `draft` queues the drafter's forward (or
 prompt lookup's guess) as soon as the last cycle's tokens are on the host, before the loop's
 bookkeeping and the caller's work on them, so the device drafts meanwhile; `run` then
 verifies. The drafter always fills its whole block when the width is adaptive, so one
-forward serves a chain or a tree. A chain cycle reads the host once (its accepted drafts
-and the target's next token, in one array); a tree cycle twice: its candidates, to build
-the tree on the host, and the walk's choices. Every read goes through `host.py`.
+forward serves a chain or a tree. Every drafted cycle reads the host once: a chain its
+accepted drafts and the target's next token, in one array; a tree, grown on the device
+from the drafter's candidates (`tree.grow_tree`) and walked there, its walk. Every read goes
+through `host.py`.
 
 A tree's candidates are the top tokens of the drafter's logits at each block position (for
 DFlash2, the selector's candidates: the same top-k set the selector ranks), and the chain
@@ -31,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
-import numpy as np
 
 from . import host
 from .acceptance import Records
@@ -42,7 +42,7 @@ from .plan import Plan
 from .policy import Width
 from .rollback import Checkpoint, keep_rows
 from .sampling import Draws, accept, log_softmax
-from .tree import build_tree, top_candidates, walk
+from .tree import grow_tree, top_candidates
 
 PREFILL_STEP = 2048
 
@@ -255,39 +255,43 @@ class Cycles:
         return Cycle(size, accepted, logprobs, drafted.drafting, committed, guessed=drafted.guessed)
 
     def tree(self, drafted: Drafted) -> Cycle:
-        """Build the tree of `drafted`'s candidates (up to its width's nodes, at most its
-        depth deep, prompt lookup's guess one more path that may go deeper: `lookup.py`),
-        verify root + nodes in one target forward, walk it with the target's rule and keep
-        the accepted path."""
+        """Grow the tree of `drafted`'s candidates on the device (up to its width's nodes, at
+        most its depth deep, prompt lookup's guess one more path that may go deeper:
+        `lookup.py`), verify root + nodes in one target forward, walk it with the target's
+        rule and keep the accepted path: one read, of the walk."""
         cache, target, records, token = self.cache, self.target, self.records, drafted.token
-        logprobs, ids = host.read(*drafted.candidates)
-        budget, rows = drafted.width.nodes, drafted.drafts.shape[0]
-        tree = build_tree(
-            token, np.array(logprobs), np.array(ids), budget, drafted.depth, drafted.found, records.guesses.logprob
+        logprobs, ids = drafted.candidates
+        tree = grow_tree(
+            token, logprobs, ids, drafted.width.nodes, drafted.depth, drafted.found, records.guesses.logprob
         )
         start = cache.target[0].offset
-        positions = tree.positions(start)  # (n + 1,)
         hidden, features = target.tree_forward(
-            mx.array(tree.tokens)[None], cache.target, positions, tree.ancestor_mask(start)
+            tree.tokens[None], cache.target, tree.positions(start), tree.ancestor_mask(start)
         )
         logits = target.lm_head(hidden)[0]  # (n + 1, V)
+        # node i chooses the token after it, at position root + depth + 1, with the keyed draws
+        path, accepted, bonus = tree.walk(drafted.draws.choose(logits, tree.depths, tree.depth))
         # the chain's drafts (what `speculate` would verify) tell the policy how a chain would
         # have fared on this cycle's tokens, so its estimates stay fresh while trees run
-        # node i chooses the token after it, at position root + depth + 1, with the keyed draws
-        choices = host.read(mx.concatenate([drafted.draws.choose(logits, tree.depths), drafted.drafts]))
-        path, bonus = walk(tree, choices[: len(tree.tokens)])
-        chain = choices[len(tree.tokens) : len(tree.tokens) + rows]
+        walked = [accepted[None], bonus[None], path, drafted.drafts, tree.tokens]
+        values = host.read(mx.concatenate([a.astype(mx.int32) for a in walked]))
+        accepted, bonus, rows = values[0], values[1], drafted.drafts.shape[0]
+        path, chain, tokens = (
+            values[2 : 2 + accepted],
+            values[2 + tree.depth : 2 + tree.depth + rows],
+            values[-tree.size - 1 :],
+        )
         kept = [0] + path
         keep_rows(cache.target, start, kept)
         cache.quantize(self.plan.kv)
-        cache.tokens += [tree.tokens[i] for i in kept]
+        cache.tokens += [tokens[i] for i in kept]
         rows_kept = mx.array(kept)
         self.drafter.append_context(features[:, rows_kept], cache.draft)
-        committed = [tree.tokens[i] for i in path] + [bonus]
+        committed = [tokens[i] for i in path] + [bonus]
         records.guesses.observe(drafted.found, committed)
         logprobs = list(log_softmax(logits[rows_kept]))
         shown = chain_shown(chain, committed)
-        return Cycle(tree.size + 1, len(path), logprobs, drafted.drafting, committed, tree=True, chain=shown)
+        return Cycle(tree.size + 1, accepted, logprobs, drafted.drafting, committed, tree=True, chain=shown)
 
 
 def chain_shown(drafts: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:

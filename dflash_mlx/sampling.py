@@ -20,7 +20,7 @@ tokens exactly as often: 1 - TV(p, q)), with no residual distribution to sample 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import mlx.core as mx
 
@@ -122,21 +122,24 @@ class Draws:
             self._noise = mx.vmap(lambda key: mx.random.gumbel(shape=(vocab,), key=key))(keys)
         return self._noise[:n]
 
-    def scores(self, logits: mx.array, rows: Optional[Sequence[int]] = None) -> mx.array:
+    def scores(self, logits: mx.array, rows: Union[None, Sequence[int], mx.array] = None, deepest: int = 0) -> mx.array:
         """Scores (n, V) whose argmax is the choice: logits when greedy, else the filtered
         tempered log-probabilities plus the noise of each row's position (row i of logits
-        is position start + i, or start + rows[i] when `rows` is given)."""
+        is position start + i, or start + rows[i] when `rows` is given; an array of rows,
+        lazy, needs `deepest`, a bound on them)."""
         if self.greedy:
             return logits
         p = self.params
         scores = filter_logprobs(log_softmax(logits), p.top_p, p.top_k) / p.temp
         if rows is None:
             return scores + self.noise(logits.shape[0], logits.shape[-1])
-        return scores + self.noise(max(rows) + 1, logits.shape[-1])[mx.array(rows)]
+        if not isinstance(rows, mx.array):
+            rows, deepest = mx.array(rows), max(rows)
+        return scores + self.noise(deepest + 1, logits.shape[-1])[rows]
 
-    def choose(self, logits: mx.array, rows: Optional[Sequence[int]] = None) -> mx.array:
+    def choose(self, logits: mx.array, rows: Union[None, Sequence[int], mx.array] = None, deepest: int = 0) -> mx.array:
         """One token per row of logits (see `scores`)."""
-        return mx.argmax(self.scores(logits, rows), axis=-1)
+        return mx.argmax(self.scores(logits, rows, deepest), axis=-1)
 
 
 def accept(drafts: mx.array, choices: mx.array) -> tuple[mx.array, mx.array]:

@@ -3,8 +3,9 @@
 One cycle: the drafter fills [last token, MASK x (b-1)] in one forward; the target
 verifies the whole block in one forward; the longest agreeing prefix is kept, plus one
 token of the target's own; the target cache is trimmed back to the committed length and
-the committed tokens' features become new drafter context. A chain cycle reads the host
-once, and the next cycle's drafts are queued right after, before the loop's bookkeeping and
+the committed tokens' features become new drafter context. A cycle reads the host once
+(a chain, a tree grown and walked on the device, a plain step), and the next cycle's
+drafts are queued right after, before the loop's bookkeeping and
 the caller's work on the tokens; plain steps are pipelined as in mlx-lm (the next is queued
 before this one's token is read), so a run of them costs what plain decoding does
 (`cycles.py`, `host.py`).

@@ -26,7 +26,7 @@ from dflash_mlx.rollback import keep_rows
 from dflash_mlx.sampling import SamplingParams, filter_logprobs, log_softmax
 from dflash_mlx.target import Target
 from dflash_mlx.targets import make_target
-from dflash_mlx.tree import Tree, build_tree, top_candidates, walk
+from dflash_mlx.tree import DeviceTree, Tree, build_tree, grow_tree, top_candidates, walk
 from chi_square import assert_fits
 from tiny_drafters import random_candidates
 from tiny_targets import VOCAB, tiny_target
@@ -97,6 +97,47 @@ def test_mask_positions_and_walk_of_a_hand_tree():
     assert walk(tree, [2, 0, 4, 0, 5, 77]) == ([2, 4, 5], 77)  # down to the leaf, then its own token
     assert walk(tree, [1, 9, 0, 0, 0, 0]) == ([1], 9)
     assert walk(tree, [8, 3, 4, 0, 0, 0]) == ([], 8)
+
+
+def _paths(tokens: list, parents: list, live: list) -> set:
+    """Every live node's root-to-node tokens."""
+    out = set()
+    for i in range(1, len(tokens)):
+        node, path = i, []
+        while live[i] and node > 0:
+            path.append(tokens[node])
+            node = parents[node]
+        out |= {tuple(reversed(path))} if live[i] else set()
+    return out
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_grow_tree_grows_build_trees_tree_on_the_device(seed):
+    """The loop's tree (`grow_tree`, no read) holds exactly the paths of `build_tree`'s,
+    prompt lookup's guess among them (also where it shares tokens with the candidates),
+    parents before children."""
+    rng = np.random.default_rng(seed)
+    lp, ids = random_candidates(int(rng.integers(1, 6)), int(rng.integers(1, 6)), seed)
+    budget, depth = int(rng.integers(1, 20)), int(rng.integers(1, 7))
+    guess = [] if seed % 3 == 0 else rng.integers(0, 50, size=int(rng.integers(1, 8))).tolist()
+    if seed % 3 == 2:
+        guess = [int(ids[i % ids.shape[0], 0]) for i in range(len(guess))]
+    g = float(rng.uniform(-3, -0.01))
+    want = build_tree(11, lp, ids, budget, depth, guess, g)
+    got = grow_tree(11, mx.array(lp.tolist()), mx.array(ids.tolist()), budget, depth, guess, g)
+    tokens, parents, live = got.tokens.tolist(), got.parents.tolist(), got.live.tolist()
+    assert _paths(tokens, parents, live) == _paths(want.tokens, want.parents, [True] * len(want.tokens))
+    assert sum(live[1:]) == want.size and tokens[0] == 11
+    assert all(parents[i] < i for i in range(1, len(tokens)) if live[i])
+
+
+def test_the_device_mask_and_walk_of_a_hand_tree():
+    t = hand_tree()
+    tree = DeviceTree(mx.array(t.tokens), mx.array([0] + t.parents[1:]), mx.array(t.depths), mx.ones(6, mx.bool_), 3)
+    assert np.array_equal(np.array(tree.ancestor_mask(3)), np.array(t.ancestor_mask(3)))
+    for choices in ([2, 0, 4, 0, 5, 77], [1, 9, 0, 0, 0, 0], [8, 3, 4, 0, 0, 0]):
+        path, accepted, bonus = tree.walk(mx.array(choices))
+        assert (path.tolist()[: accepted.item()], bonus.item()) == walk(t, choices)
 
 
 def prefilled(model, target: Target, cache=None):
