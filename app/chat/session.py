@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflash_mlx import tau
+from dflash_mlx.train.transcripts import transcript_markdown
 
 from .engine import Snapshot
 from .widgets import summary_line
-
-_HEADINGS = {"you": "### You", "assistant": "### Assistant"}
 
 
 def shape(width: str, n: int) -> str:
@@ -107,13 +106,5 @@ class Session:
         return "\n".join(lines)
 
     def markdown(self, model: str | None, draft: str | None, system: str | None) -> str:
-        """The transcript as Markdown (what `/save` writes)."""
-        out = ["# dflash-chat transcript", "", f"Model: {model or 'none'} · drafter: {draft or 'none'}", ""]
-        if system:
-            out += [f"**System:** {system}", ""]
-        for kind, text in self.log:
-            if kind in _HEADINGS:
-                out += [_HEADINGS[kind], "", text.strip(), ""]
-            else:  # a reply's summary line
-                out += [f"*{text}*", ""]
-        return "\n".join(out)
+        """The transcript as Markdown (what `/save` writes; its format: `transcript_markdown`)."""
+        return transcript_markdown(self.log, model, draft, system)

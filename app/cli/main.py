@@ -1,6 +1,6 @@
 """The `dflash` command line: generate, cache-prompt, bench, serve, convert, export, and the training
 commands (instructions, data, train, eval, curves: `train.py`; draft-vocab: `draft_vocab.py`;
-average: `average.py`).
+average: `average.py`; adapt: `adapt.py`).
 
 Each command parses its options, calls the engine (`dflash_mlx`) or the converters, and
 prints. Expected failures (`dflash_mlx.errors.EXPECTED_ERRORS`) become one line on
@@ -17,6 +17,7 @@ from typing import Optional
 
 import typer
 
+from app.cli.adapt import adapt_command
 from app.cli.bench.commands import bench_app
 from app.cli.average import average_command
 from app.cli.common import SHARDING_HELP, check_pair, one_line_errors, positive, prompt_text, writable
@@ -310,6 +311,7 @@ app.command("eval")(one_line_errors(eval_command))
 app.command("curves")(one_line_errors(curves_command))
 app.command("draft-vocab")(one_line_errors(draft_vocab_command))
 app.command("average")(one_line_errors(average_command))
+app.command("adapt")(one_line_errors(adapt_command))
 
 
 def main() -> None:

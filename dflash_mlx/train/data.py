@@ -69,7 +69,6 @@ def build_dataset(
     import mlx.core as mx
 
     from ..loading import load
-    from .progress import StepBar
     from .threads import ThreadControl
 
     out_dir = Path(out_dir)
@@ -100,8 +99,29 @@ def build_dataset(
         f"{control.describe()}"
     )
     mx.random.seed(seed + len(done))
-    stats: dict = {"tokens": 0, "seconds": 0.0, "records": len(train) - len(todo), "line": ""}
-    bar = StepBar(len(train), stats["records"], progress, "answers")
+
+    def answer(on_batch: Callable[[list[dict], float], None]) -> Iterator[dict]:
+        return _answers(model, tokenizer, todo, held, turns, max_tokens, batch_size, temp, seed, on_batch, control.poll)
+
+    return write_answers(train_file, answer, len(train), len(train) - len(todo), progress, log)
+
+
+def write_answers(
+    train_file: Path,
+    answer: Callable[[Callable[[list[dict], float], None]], Iterator[dict]],
+    total: int,
+    done: int,
+    progress: bool,
+    log: Callable[[str], None],
+) -> dict:
+    """Append the records `answer(on_batch)` yields to `train_file`, one line each, flushed
+    as they come (a run stopped midway keeps every whole line), showing progress over
+    `total` records of which `done` were written before (a bar, or a log line per batch).
+    Returns {"records", "tokens", "seconds", "line"}."""
+    from .progress import StepBar
+
+    stats: dict = {"tokens": 0, "seconds": 0.0, "records": done, "line": ""}
+    bar = StepBar(total, done, progress, "answers")
 
     def on_batch(records: list[dict], dt: float) -> None:
         n = sum(len(r["completion_ids"]) for r in records)
@@ -110,11 +130,10 @@ def build_dataset(
         stats["line"] = f"{n / dt:.0f} tok/s this batch, {stats['tokens']} tokens in {stats['seconds']:.0f}s"
         bar.update(stats["records"], stats["line"])
         if not progress:
-            log(f"{stats['records']}/{len(train)} answered, {stats['line']}")
+            log(f"{stats['records'] + len(records)}/{total} answered, {stats['line']}")
 
-    records = _answers(model, tokenizer, todo, held, turns, max_tokens, batch_size, temp, seed, on_batch, control.poll)
     with bar, open(train_file, "a") as fh:
-        for rec in records:
+        for rec in answer(on_batch):
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
             stats["records"] += 1

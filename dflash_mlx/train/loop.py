@@ -47,7 +47,8 @@ class Trainer:
     """One training run (see the module docstring). `run()` trains until its budget (steps,
     wall time or core-hours: `budget_spent`) is spent and returns the final stats."""
 
-    def __init__(self, args: TrainArgs, log: Callable[[str], None] = print):
+    def __init__(self, args: TrainArgs, log: Callable[[str], None] = print, loaded: Optional[tuple] = None):
+        """`loaded`: the target and its tokenizer, already loaded from `args.model` (else loaded here)."""
         from ..loading import load  # looked up at call time: tests substitute a tiny target
 
         args.check()
@@ -57,7 +58,7 @@ class Trainer:
         if args.core_hours and self.world > 1:  # ranks' CPU times differ: they would stop apart
             raise ValueError("--core-hours is for one process; under mlx.launch use --max-steps or --time-limit")
         self.out = Path(args.out)
-        model, self.tokenizer = load(args.model)
+        model, self.tokenizer = loaded or load(args.model)
         model.freeze()
         self.model = model
         ck = self.out / "checkpoint"
@@ -282,6 +283,17 @@ class Trainer:
         with self.average.in_use(self.drafter):
             return {**where, **self.heldout_tau(), "weights": "ema"}
 
+    def by_steps(self) -> bool:
+        """Whether the run's budget is counted in steps (else in time or core-hours)."""
+        return bool(self.args.max_steps) or not (self.args.time_limit or self.args.core_hours)
+
+    def progress(self) -> tuple[int, int]:
+        """How far the run is, for its bar and log lines: (step, steps) where steps are its
+        budget, else (per mille of its time or core-hours spent, 1000)."""
+        if self.by_steps():
+            return self.state.step, self.total
+        return round(1000 * min(1.0, budget_spent(self.args, self.state, self.total))), 1000
+
     def save(self, resume_point: bool = True) -> None:
         """The checkpoint, the delivered drafter and (`resume_point`) the resume point (`save_checkpoint`)."""
         save_checkpoint(self.out, self.drafter, self.optimizer, self.state, self.args, self.average, resume_point)
@@ -299,7 +311,8 @@ class Trainer:
         t_start = time.perf_counter() - st.elapsed
         last_ck = last_eval = time.perf_counter()
         history: list[dict] = []
-        with StepBar(self.total, st.step, enabled=a.progress and self.rank == 0) as bar:
+        done, total = self.progress()
+        with StepBar(total, done, enabled=a.progress and self.rank == 0, percent=not self.by_steps()) as bar:
             try:
                 while budget_spent(a, st, self.total) < 1.0:
                     cpu, self.data_seconds = time.process_time(), 0.0  # every thread's: a paused job is not charged
@@ -320,12 +333,14 @@ class Trainer:
                         meter.heldout = rec["heldout_tau"]
                         last_eval = time.perf_counter()
                         t_start += last_eval - tic  # measuring is not training time
-                    bar.update(st.step, meter.describe(st, self.optimizer.learning_rate.item()))
-                    if st.step % a.log_every == 0 or st.step == self.total:
+                    bar.update(self.progress()[0], meter.describe(st, self.optimizer.learning_rate.item()))
+                    if st.step % a.log_every == 0 or (st.step == self.total and self.by_steps()):
                         rec = {**(rec or {}), **meter.record(st, self.optimizer.learning_rate.item())}
                         meter.reset()
                         if not a.progress:
-                            self.log(f"step {st.step}/{self.total} {st.elapsed:.0f}s {meter.last}")
+                            done, total = self.progress()
+                            where = f"/{total}" if self.by_steps() else f" ({done / total:.0%})"
+                            self.log(f"step {st.step}{where} {st.elapsed:.0f}s {meter.last}")
                     if rec:
                         history.append(rec)
                         log_file.write(json.dumps(rec) + "\n")

@@ -82,13 +82,15 @@ class StepBar:
     """A rich progress bar with a running description (training steps, answers written),
     or nothing."""
 
-    def __init__(self, total: int, done: int, enabled: bool, label: str = "train"):
+    def __init__(self, total: int, done: int, enabled: bool, label: str = "train", percent: bool = False):
+        """`percent`: show the share done instead of "done/total" (a budget of time, not of steps)."""
         self.progress = None
         if enabled:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
                 Progress,
+                TaskProgressColumn,
                 TextColumn,
                 TimeElapsedColumn,
                 TimeRemainingColumn,
@@ -97,7 +99,7 @@ class StepBar:
             self.progress = Progress(
                 TextColumn(f"[bold]{label}"),
                 BarColumn(),
-                MofNCompleteColumn(),
+                TaskProgressColumn() if percent else MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 TextColumn("{task.description}"),
