@@ -16,7 +16,9 @@
 - `threads`: OpenBLAS threads, fixed or following the shared CPU lock (`--threads auto`);
 - `evaluate`: acceptance length on held-out prompts (`dflash eval`);
 - `replay`: held-out greedy tau by replaying a drafter along the target's own answers;
-- `curves`: held-out tau against core-hours per run, and the fit that ranks recipes.
+- `curves`: held-out tau against core-hours per run, and the fit that ranks recipes;
+- `transcripts`: the user's conversations on disk (chat transcripts, conversation logs);
+- `adapt_plan`, `adapt`: a drafter fine-tuned on those, kept where held-back tau rose (`dflash adapt`).
 """
 
 from .initialize import default_mask_token_id, make_config, warm_start
