@@ -181,6 +181,8 @@ def bad_inputs(root: Path, chats: Path, tiny: Path) -> list[tuple[list[str], lis
             ["--out", "taken", "not a drafter written by dflash adapt"],
         ),
         ([str(chats), *draft, "--out", str(tiny)], ["--out", "the drafter being adapted"]),
+        ([str(chats), *draft, "--out", str(tiny / "mine")], ["--out", "the drafter being adapted"]),
+        ([str(chats), *draft, "-m", "4096"], ["--max-tokens", "2048"]),
         ([str(chats), *draft, "--minutes", "0"], ["--minutes", "above 0"]),
         ([str(chats), *draft, "--minutes", "-3"], ["--minutes", "-3"]),
         ([str(chats), *draft, "--heldback", "1"], ["--heldback", "(0, 1)"]),
@@ -221,9 +223,11 @@ def test_transcripts_and_conversation_logs_read_back_as_conversations(tmp_path):
     again = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     for messages, reply in ((first, "Blue."), (later, "Red."), (again, "Hey")):
         append_conversation_log(logs, conversation_log_record(messages, reply, "m"))
+    written = append_conversation_log(logs, conversation_log_record(later, "Green.", "m"))
+    written.write_bytes(written.read_bytes()[:-20])  # its last line being written
     conversations = read_conversations([transcript, logs])
     assert [len(c.prompts) for c in conversations] == [2, 2]  # "Hi there" again: seen in the transcript
-    assert conversations[1].prompts[1] == tuple(later) and conversations[1].kind == "prompts"
+    assert conversations[1].prompts[1] == tuple(later) and conversations[1].kind == "log"
 
 
 def test_a_time_budget_shows_its_share_spent_not_steps(tmp_path, monkeypatch):
@@ -232,5 +236,6 @@ def test_a_time_budget_shows_its_share_spent_not_steps(tmp_path, monkeypatch):
     data = random_training_data(tmp_path, monkeypatch, tiny_target(vocab=48), max_token=40)
     lines: list[str] = []
     train(tiny_train_args(data, tmp_path / "run", time_limit=0.5, log_every=1), log=lines.append)
+    assert any("steps of 2 sequences x 4 blocks for 0.00833333 minutes;" in line for line in lines), lines
     steps = [line for line in lines if line.startswith("step ")]
     assert steps and all(line.split()[1].isdigit() and line.split()[2].endswith("%)") for line in steps), steps

@@ -16,8 +16,8 @@ def adapt_command(
     sources: List[str] = typer.Argument(
         ...,
         metavar="SOURCE",
-        help="Directories of chat transcripts (what /save writes, *.md) and conversation logs (*.jsonl), "
-        "or prompt files (JSONL or text, one prompt a line).",
+        help="Directories of chat transcripts (what /save writes, *.md) and conversation logs "
+        "(conversations-*.jsonl), or prompt files (JSONL or text, one prompt a line).",
     ),
     out: Optional[Path] = typer.Option(
         None,

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .adapt_plan import AdaptArgs, Plan, make_record, plan, save_manifest, verdict, write_adapted
 from .transcripts import prompt_id
 
-#: Prompts the target answers together.
+#: Prompts the target answers together (and how often the answers' progress moves).
 ANSWER_BATCH = 8
 
 
@@ -104,7 +104,8 @@ def fitting_prompts(p: Plan, tokenizer: Any) -> tuple[list[dict], list[dict], di
                     continue
                 kept[part].append({"id": prompt_id(messages), "source": c.kind, "messages": list(messages)})
         if not kept[part]:
-            raise ValueError(f"SOURCE: no {part} prompt is shorter than {room} tokens (--max-tokens leaves that room)")
+            which = "to train on" if part == "train" else "held back"
+            raise ValueError(f"SOURCE: no prompt {which} is shorter than {room} tokens (--max-tokens leaves that room)")
     return kept["train"], kept["heldback"], {**{k: len(v) for k, v in kept.items()}, "left_out": left_out}
 
 
@@ -118,19 +119,18 @@ def answer(
 
     done = {r["id"] for r in iter_records(path)} if path.is_file() else set()
     todo = [r for r in prompts if r["id"] not in done]
+    a = p.args
+
+    def batches(on_batch: Callable[[list[dict], float], None]) -> Iterator[dict]:
+        for i in range(0, len(todo), ANSWER_BATCH):  # a batch at a time: progress after each
+            batch = todo[i : i + ANSWER_BATCH]
+            yield from generate_answers(
+                model, tokenizer, batch, a.max_tokens, ANSWER_BATCH, a.max_len, on_batch=on_batch, poll=control.poll
+            )
+
     if todo:
         log(f"the target answers {len(todo)} prompts ({path.name})")
-        a = p.args
-        write_answers(
-            path,
-            lambda on_batch: generate_answers(
-                model, tokenizer, todo, a.max_tokens, ANSWER_BATCH, a.max_len, on_batch=on_batch, poll=control.poll
-            ),
-            len(prompts),
-            len(prompts) - len(todo),
-            a.progress,
-            log,
-        )
+        write_answers(path, batches, len(prompts), len(prompts) - len(todo), a.progress, log)
     records = {r["id"]: r for r in iter_records(path)}
     return [records[r["id"]] for r in prompts]
 

@@ -62,8 +62,8 @@ class AdaptArgs:
             raise ValueError("give --minutes or --max-steps: training needs a budget")
         if not 0 < self.heldback < 1:
             raise ValueError(f"--heldback must be a fraction within (0, 1), got {self.heldback:g}")
-        if not self.max_tokens >= 2:
-            raise ValueError(f"--max-tokens must be at least 2, got {self.max_tokens}")
+        if not 2 <= self.max_tokens < self.max_len:
+            raise ValueError(f"--max-tokens must be within [2, {self.max_len}) (the room of a prompt and its answer)")
         if not self.sources:
             raise ValueError("SOURCE: give at least one directory or file of conversations")
         self.train_args(Path("."), Path("."), "dflash1", 2).check()  # the flags adapt shares with `dflash train`
@@ -187,8 +187,8 @@ def plan(args: AdaptArgs, log: Callable[[str], None] = print) -> Plan:
     if "quantization" in config:
         raise ValueError(f"--draft: {draft_dir} is quantized; adapt a float drafter")
     out = Path(args.out).expanduser() if args.out else default_out(args.draft, draft_dir)
-    if out.resolve() == draft_dir.resolve():
-        raise ValueError(f"--out {out} is the drafter being adapted: the new drafter goes to a new directory")
+    if draft_dir.resolve() in (out.resolve(), *out.resolve().parents):
+        raise ValueError(f"--out {out} is in the drafter being adapted: the new drafter goes to a new directory")
     if out.exists() and adapted_record(out) is None:
         raise FileExistsError(f"--out {out} exists and is not a drafter written by dflash adapt; choose another --out")
     train, held = split_conversations(conversations, args.heldback, args.seed)

@@ -268,7 +268,9 @@ class Trainer:
             f"{cfg.num_hidden_layers} layers, {n_params / 1e6:.1f}M params, features "
             f"{cfg.target_layer_ids}, B={cfg.block_size}, mask {cfg.mask_token_id}, {cfg.architecture}, "
             f"init {a.init_from or a.init}; "
-            f"{self.total} steps of {a.batch_size} sequences x {a.num_anchors} blocks"
+            + (f"{self.total} steps" if self.by_steps() else "steps")
+            + f" of {a.batch_size} sequences x {a.num_anchors} blocks"
+            + ("" if self.by_steps() else f" for {self.budget()}")
             + (f"; {self.world} ranks" if self.world > 1 else "")
             + f"; {self.threads.describe()}, {self.state.core_seconds / 3600:.3f} core-hours so far"
         )
@@ -286,6 +288,12 @@ class Trainer:
     def by_steps(self) -> bool:
         """Whether the run's budget is counted in steps (else in time or core-hours)."""
         return bool(self.args.max_steps) or not (self.args.time_limit or self.args.core_hours)
+
+    def budget(self) -> str:
+        """The run's budget of time or core-hours, in words ("3 minutes or 2 core-hours")."""
+        a = self.args
+        limits = [f"{a.time_limit / 60:g} minutes"] if a.time_limit else []
+        return " or ".join(limits + ([f"{a.core_hours:g} core-hours"] if a.core_hours else []))
 
     def progress(self) -> tuple[int, int]:
         """How far the run is, for its bar and log lines: (step, steps) where steps are its

@@ -20,8 +20,9 @@ Two formats are written here and read here, so that each has one home:
 
       *12 tokens · 30.1 tok/s · ...*   (the reply's summary line)
 
-- **conversation logs**: what a server keeping its conversations appends, one JSON record a
-  line (`conversation_log_record`, `append_conversation_log`)::
+- **conversation logs**: what a server keeping its conversations appends to
+  ``conversations-YYYYMMDD.jsonl`` files, one JSON record a line (`conversation_log_record`,
+  `append_conversation_log`; read by `read_conversation_log`)::
 
       {"time": "2025-06-01T12:00:00Z", "model": "M", "messages": [{"role": "user", "content": "..."}], "reply": "..."}
 
@@ -99,6 +100,26 @@ def read_transcript(path: str | Path) -> list[dict]:
     return head + [m for m in messages if m["content"]]
 
 
+def read_conversation_log(path: str | Path) -> list[list[dict]]:
+    """The requests' message lists of a conversation log, in order. A last line that does
+    not end in a newline (still being written, or torn by a crash) is left out; any other
+    bad line is refused in one line naming it."""
+    path = Path(path)
+    text = _text(path)
+    out = []
+    for i, line in enumerate(text[: text.rfind("\n") + 1].splitlines()):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i + 1}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+            raise ValueError(f"{path}:{i + 1}: a conversation log record needs a 'messages' list")
+        out.append(record["messages"])
+    return out
+
+
 def conversation_log_record(messages: Sequence[dict], reply: str, model: Optional[str]) -> dict:
     """One conversation log record (see the module docstring): a request's messages and the reply."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -118,9 +139,9 @@ def append_conversation_log(directory: str | Path, record: dict) -> Path:
 
 @dataclass(frozen=True)
 class Conversation:
-    """One conversation: `key` (a digest of its first prompt), `kind` ("transcript" or
-    "prompts": a prompt file's or a log's records) and its `prompts`, message lists that
-    each end at a user turn, every earlier turn before it."""
+    """One conversation: `key` (a digest of its first prompt), `kind` ("transcript", "log" or
+    "prompts") and its `prompts`, message lists that each end at a user turn, every earlier
+    turn before it."""
 
     key: str
     kind: str
@@ -145,12 +166,12 @@ def user_turn_prompts(messages: Sequence[dict]) -> list[tuple[dict, ...]]:
 
 
 def read_conversations(sources: Sequence[str | Path]) -> list[Conversation]:
-    """The conversations of `sources`, each a directory of chat transcripts (``*.md``) and
-    conversation logs or prompt files (``*.jsonl``), or one such file (any other file is a
-    prompt file: `read_prompt_file`). JSONL records extending an earlier record (a
-    conversation's later requests) join its conversation. A prompt seen before, in any
-    source, is left out. Raises a one-line error naming SOURCE when one is missing or
-    holds no conversation."""
+    """The conversations of `sources`, each a directory of chat transcripts (``*.md``),
+    conversation logs (``conversations-*.jsonl``) and prompt files (other ``*.jsonl``), or
+    one such file (any other file is a prompt file too: `read_prompt_file`). A log's or a
+    prompt file's record that extends an earlier one (a conversation's later request) joins
+    its conversation. A prompt seen before, in any source, is left out. Raises a one-line
+    error naming SOURCE when one is missing or holds no conversation."""
     groups: list[list[tuple[dict, ...]]] = []
     kinds: list[str] = []
     for source in sources:
@@ -163,8 +184,10 @@ def read_conversations(sources: Sequence[str | Path]) -> list[Conversation]:
             if file.suffix == ".md":
                 groups.append(user_turn_prompts(read_transcript(file)))
                 kinds.append("transcript")
+            elif file.name.startswith(LOG_PREFIX) and file.suffix == ".jsonl":
+                _join_records(groups, kinds, read_conversation_log(file), "log")
             else:
-                _join_records(groups, kinds, [r["messages"] for r in read_prompt_file(file)])
+                _join_records(groups, kinds, [r["messages"] for r in read_prompt_file(file)], "prompts")
         if not any(groups[before:]):
             what = "chat transcripts (*.md) or conversation logs (*.jsonl)" if path.is_dir() else "prompts"
             raise ValueError(f"SOURCE {source}: no conversations in it (expected {what})")
@@ -181,16 +204,16 @@ def read_conversations(sources: Sequence[str | Path]) -> list[Conversation]:
     return out
 
 
-def _join_records(groups: list[list[tuple[dict, ...]]], kinds: list[str], records: list[list[dict]]) -> None:
-    """Add JSONL records (message lists) to `groups`: a record whose messages extend an
-    earlier record's joins that record's group; any other starts a group."""
+def _join_records(groups: list[list[tuple[dict, ...]]], kinds: list[str], records: list[list[dict]], kind: str) -> None:
+    """Add a file's records (message lists) to `groups`: a record whose messages extend an
+    earlier record's joins that record's group; any other starts a group of `kind`."""
     ends: dict[str, int] = {}  # prompt id -> its group
     for messages in records:
         prompts = user_turn_prompts(messages)
         home = next((ends[prompt_id(p)] for p in prompts[:-1] if prompt_id(p) in ends), None)
         if home is None:
             groups.append([])
-            kinds.append("prompts")
+            kinds.append(kind)
             home = len(groups) - 1
         for p in prompts:
             ends.setdefault(prompt_id(p), home)
