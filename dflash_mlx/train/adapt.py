@@ -59,8 +59,8 @@ def run_plan(p: Plan, log: Callable[[str], None] = print) -> dict:
 
     model, tokenizer = load(p.args.model)
     old = load_draft(str(p.draft_dir), model=model)
-    save_manifest(p)  # the scratch is there from now on
     train, held, counts = fitting_prompts(p, tokenizer)
+    save_manifest(p)  # the scratch is there from now on
     control = ThreadControl(p.args.threads)
     train_records = answer(p, model, tokenizer, train, p.scratch / "train.jsonl", control, log)
     held_records = answer(p, model, tokenizer, held, p.scratch / "heldback.jsonl", control, log)
