@@ -31,6 +31,7 @@ SLOW_MODULES = {
     "test_dflash2_parity.py",
     "test_bench.py",
     "test_train.py",
+    "test_adapt.py",
     "test_train_dflash2.py",
     "test_train_distributed.py",
     "test_distributed.py",
