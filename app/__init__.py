@@ -10,13 +10,17 @@ fields), `model_thread.py` (the thread that owns the model, for the chat and the
 `version.py` (the `--version` line).
 
 The engine is reached through its public API (`dflash_mlx`, its `__all__`) and these
-modules only:
+modules only (`tests/test_code_shape.py` checks the list):
 
 - `dflash_mlx.cache`: prompt cache files (`dflash cache-prompt`, `--prompt-cache-file`);
 - `dflash_mlx.distributed`: ranks under `mlx.launch` (generate, serve, bench speed);
-- `dflash_mlx.batch` and `dflash_mlx.text`: the server's continuous batching
-  (`app/server/scheduler.py`): rows of one batch, and each request's text as its tokens come;
-- `dflash_mlx.train` and `dflash_mlx.draft_vocab`: the data, train, eval and draft-vocab commands;
-- `dflash_mlx.targets`, `dflash_mlx.tree`, `dflash_mlx.rollback` and `dflash_mlx.kernels`: the
-  engine's parts that `dflash bench verify-cost` and `dflash bench kernels` time one by one.
+- `dflash_mlx.batch`, `batch_spec`, `batch_width`, `acceptance` and `text`: the server's
+  continuous batching (`app/server/scheduler.py`): rows of one batch, their records, and
+  each request's text as its tokens come; `dflash_mlx.topk`: the server's logprobs;
+- `dflash_mlx.train`, `dflash_mlx.draft_vocab`, `dflash_mlx.drafters` and `dflash_mlx.atomic`:
+  the data, train, adapt, eval, average and draft-vocab commands; `dflash_mlx.loading`: the
+  model-directory check of every command;
+- `dflash_mlx.targets`, `dflash_mlx.tree`, `dflash_mlx.rollback`, `dflash_mlx.kernels` and
+  `dflash_mlx.host`: the engine's parts that `dflash bench verify-cost`, `dflash bench
+  kernels` and `dflash bench host` time one by one.
 """

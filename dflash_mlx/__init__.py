@@ -14,6 +14,7 @@ _preload_blas()  # must run before the first `import mlx`
 
 #: Each public name, by the module that defines it.
 _HOMES = {
+    "cache": ("PromptCache",),
     "config": ("parse_layer_ids",),
     "cycles": ("PREFILL_STEP",),
     "defaults": ("cache_dir", "default_model_path", "shipped_drafter_dir"),
@@ -30,7 +31,6 @@ _HOMES = {
     "sequence": ("Sequence",),
     "speculative": (
         "GenerationResponse",
-        "PromptCache",
         "format_stats",
         "generate",
         "generate_step",

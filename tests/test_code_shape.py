@@ -173,6 +173,64 @@ def test_dependencies_point_one_way():
     assert not up, "imports against dflash_mlx <- converters <- app <- benchmarks: " + "; ".join(up)
 
 
+def named_imports(path: Path) -> set[str]:
+    """The modules `path` imports by name at run time: string constants of the module
+    that name a project package's module, and literal `importlib.import_module` arguments."""
+    tree = ast.parse(path.read_text())
+    names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return {n for n in names if n.split(".")[0] in PACKAGES and n.replace(".", "").replace("_", "").isalnum()}
+
+
+def test_the_engine_names_one_module_above_it_the_default_models_provider():
+    """docs/architecture.md: `dflash_mlx` reaches up once, at run time, by name: `defaults.py`
+    imports `converters.default_model` through `importlib` when no provider is registered."""
+    up = {}
+    for path in source_files():
+        if module_name(path).startswith("dflash_mlx"):
+            named = {n for n in named_imports(path) if not n.startswith("dflash_mlx")}
+            if named:
+                up[module_name(path)] = named
+    assert up == {"dflash_mlx.defaults": {"converters.default_model"}}, up
+
+
+#: The engine modules `app` may import besides `dflash_mlx`'s public names (app/__init__.py).
+APP_REACHES = {
+    "cache",
+    "distributed",
+    "batch",
+    "batch_spec",
+    "batch_width",
+    "acceptance",
+    "text",
+    "topk",
+    "train",
+    "draft_vocab",
+    "drafters",
+    "atomic",
+    "loading",
+    "targets",
+    "tree",
+    "rollback",
+    "kernels",
+    "host",
+}
+
+
+def test_app_reaches_the_engine_through_its_public_names_and_the_modules_it_lists():
+    reached = set()
+    for path in source_files():
+        if module_name(path).startswith("app"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dflash_mlx."):
+                    reached.add(node.module.split(".")[1])
+                elif isinstance(node, ast.ImportFrom) and node.module == "dflash_mlx":
+                    import dflash_mlx
+
+                    reached |= {a.name for a in node.names if a.name not in dflash_mlx.__all__}
+    assert reached <= APP_REACHES, reached - APP_REACHES
+
+
 def test_the_layer_check_sees_an_upward_import():
     graph = {"dflash_mlx.a": {"converters.b"}, "converters.b": {"dflash_mlx.a"}, "app.c": {"converters.b"}}
     assert upward_imports(graph) == ["dflash_mlx.a -> converters.b"]
