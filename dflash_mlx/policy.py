@@ -1,4 +1,4 @@
-"""The chain policy: how many tokens the next cycle verifies (`Width`, one type everywhere).
+"""The chain policy: how many tokens the next cycle verifies (`Width`; the batch still counts widths in integers).
 
 A cycle of size b drafts b - 1 tokens and verifies b (b = 1 is a plain target step: no
 drafter call). It commits 1 + (accepted drafts) tokens. The policy picks the b that
