@@ -41,3 +41,30 @@ def test_both_servers_under_concurrent_clients(default_model_dir, tmp_path):
             assert r["tok_s"] > 0 and r["latency_p95"] >= r["latency_p50"] > 0 and r["answers"] == 4
         assert row["dflash serve"]["same_as_solo"] == 4  # ours: every text its solo text
     assert "| 2 |" in result.output and plot.stat().st_size > 0
+
+
+def test_a_burst_fires_n_requests_at_once_and_the_next_n_once_they_are_answered(monkeypatch):
+    """`--burst`: the clients' requests start together, group by group (a slow answer holds
+    the next group back); without it each client goes on at its own pace."""
+    import threading
+    import time
+
+    from app.cli.bench import concurrency
+
+    spans, lock = {}, threading.Lock()
+
+    def fake_ask(port, prompt, max_tokens):
+        start = time.perf_counter()
+        time.sleep(0.02 if int(prompt) % 2 else 0.08)  # odd prompts answer fast
+        with lock:
+            spans[int(prompt)] = (start, time.perf_counter())
+        return concurrency.Answer(prompt, 1, 0.0, 0.0)
+
+    monkeypatch.setattr(concurrency, "ask", fake_ask)
+    prompts = [str(i) for i in range(5)]
+    for burst in (True, False):
+        spans.clear()
+        answers, _ = concurrency.run_level(0, prompts, 2, 8, burst=burst)
+        assert [a.text for a in answers] == prompts
+        next_group_waits = spans[3][0] >= max(spans[0][1], spans[1][1])  # prompt 3 after prompts 0 and 1
+        assert next_group_waits == burst, (burst, spans)

@@ -257,6 +257,9 @@ def concurrency(
     mlx_lm_batch: int = typer.Option(
         8, "--mlx-lm-batch", help="mlx_lm.server's batch: its decode and prompt concurrency."
     ),
+    burst: bool = typer.Option(
+        False, "--burst", help="Fire N requests at the same moment, the next N once they are answered."
+    ),
     json_out: Optional[Path] = typer.Option(None, "--json", help=JSON_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw tokens/s against clients into this PNG."),
 ) -> None:
@@ -280,6 +283,7 @@ def concurrency(
             draft=draft,
             max_tokens=max_tokens,
             mlx_lm_batch=mlx_lm_batch,
+            burst=burst,
             progress=status.update,
         )
     print(concurrency_table(report))

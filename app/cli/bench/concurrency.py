@@ -5,7 +5,8 @@ Both servers run the same target, side by side in one run (`mlx_lm.server` with
 as under ours: without it MLX's CPU backend runs its reference BLAS at about half the
 speed, which would flatter us). At each level N, N clients share the prompts, each asking
 its share one after the other: streamed greedy chat completions over HTTP, as an app
-would. Per server and level: aggregate tokens/s (completion tokens over the level's wall
+would; or, with `--burst`, N at a time fired at the same moment, the next N once those are
+answered. Per server and level: aggregate tokens/s (completion tokens over the level's wall
 time), p50/p95 latency and time to first token. Every answer is checked against the one
 that server gave that prompt alone (level 1, always run first): batching must not change
 a text.
@@ -98,18 +99,26 @@ def ask(port: int, prompt: str, max_tokens: int) -> Answer:
     return Answer("".join(text), tokens, latency if ttft is None else ttft, latency)
 
 
-def run_level(port: int, prompts: Sequence[str], clients: int, max_tokens: int) -> tuple[list[Answer], float]:
-    """`clients` threads share the prompts (client c asks prompts c, c + N, ...); the
-    answers in prompt order and the level's wall seconds."""
+def run_level(
+    port: int, prompts: Sequence[str], clients: int, max_tokens: int, burst: bool = False
+) -> tuple[list[Answer], float]:
+    """`clients` threads share the prompts (client c asks prompts c, c + N, ...): each in
+    turn, or, in a `burst`, all N at the same moment and the next N once every one of them
+    is answered (agents and a team behind one server). The answers in prompt order and the
+    level's wall seconds."""
     answers: list[Optional[Answer]] = [None] * len(prompts)
     errors: list[BaseException] = []
+    together = threading.Barrier(clients) if burst else None
 
     def client(c: int) -> None:
-        try:
-            for i in range(c, len(prompts), clients):
-                answers[i] = ask(port, prompts[i], max_tokens)
-        except BaseException as e:  # reported once all clients are done
-            errors.append(e)
+        for i in range(c, c + clients * -(-len(prompts) // clients), clients):
+            if together is not None:
+                together.wait()  # every client's request of this burst starts at once
+            try:
+                if i < len(prompts) and not errors:
+                    answers[i] = ask(port, prompts[i], max_tokens)
+            except BaseException as e:  # reported once all clients are done
+                errors.append(e)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     tic = time.perf_counter()
@@ -163,9 +172,11 @@ def run_concurrency_bench(
     draft: Optional[str] = None,
     max_tokens: int = 64,
     mlx_lm_batch: int = 8,
+    burst: bool = False,
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
-    """Both servers at every level (1 first: the solo answers); the report."""
+    """Both servers at every level (1 first: the solo answers), the clients asking in turn
+    or in bursts (`run_level`); the report."""
     levels = [1] + [n for n in levels if n != 1]
     logs = Path(tempfile.mkdtemp(prefix="dflash-bench-concurrency-"))
     procs, ports, rows = {}, {}, []
@@ -179,7 +190,7 @@ def run_concurrency_bench(
             row = {"clients": n}
             for name, port in ports.items():
                 progress(f"{name}: {n} clients, {len(prompts)} prompts")
-                answers, seconds = run_level(port, prompts, n, max_tokens)
+                answers, seconds = run_level(port, prompts, n, max_tokens, burst)
                 solo.setdefault(name, answers)
                 row[name] = summarize(answers, seconds, solo[name])
             rows.append(row)
@@ -187,7 +198,13 @@ def run_concurrency_bench(
         for proc in procs.values():
             proc.terminate()
             proc.wait(30)
-    return {"max_tokens": max_tokens, "prompts": len(prompts), "mlx_lm_batch": mlx_lm_batch, "rows": rows}
+    return {
+        "max_tokens": max_tokens,
+        "prompts": len(prompts),
+        "mlx_lm_batch": mlx_lm_batch,
+        "burst": burst,
+        "rows": rows,
+    }
 
 
 def concurrency_table(report: dict) -> str:
