@@ -43,9 +43,11 @@ stop and finish reason never depend on who shared the batch. Its `stats` count e
 cycle: its speculative ones alone, and each batch cycle at its width with the drafts
 the row accepted and took.
 
-`policy` says when requests are served one at a time instead (`Worker._generate`):
-`--max-batch 1`, under `mlx.launch`, a quantized KV cache, a target family
-with no tested batch form (`dflash_mlx.batch.refusal`).
+`policy` says when requests are served one at a time instead (each decodes alone to its
+end, through the same `Running`: one path emits every request's tokens, with one stop
+check): `--max-batch 1`, under `mlx.launch` (every rank decodes each request, stopping
+together: `ranks.Ranks.run`), a quantized KV cache, a target family with no tested batch
+form (`dflash_mlx.batch.refusal`).
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ class Scheduler:
         try:
             while run is not None:
                 self._alone(run)
-                if run.reason is not None or run.job.cancelled.is_set():
+                if run.reason is not None or run.job.cancelled.is_set() or not self.batched:
                     self._finish(run)
                     return
                 run = self._batch(run)
@@ -218,7 +220,7 @@ class Scheduler:
         tic, had, closed = time.perf_counter(), len(run.tokens), [False]
 
         def stops() -> bool:
-            waited = len(run.tokens) > had and closed[0] and self._waiting()
+            waited = self.batched and len(run.tokens) > had and closed[0] and self._waiting()
             return run.job.cancelled.is_set() or run.reason is not None or waited
 
         def response(r: Any) -> None:
@@ -253,6 +255,8 @@ class Scheduler:
                 first[0] = False
             on_response(r)
 
+        if w.ranks is not None:  # every rank decodes it (never batched); they stop together
+            stops, response = w.ranks.run(run.job.request, run.options, stops, response)
         last, _ = w.decode(
             fed,
             w.draft,

@@ -3,7 +3,8 @@
 The thread (an `app.model_thread.ModelThread`, as the chat's engine is) owns the target, the
 drafter and the prompt caches. Requests queue in arrival order; `scheduler.Scheduler`
 decodes up to `max_batch` of them together (continuous batching), or, where its `policy`
-says so, each runs alone to its end (`_generate`). Either way a request runs until its
+says so, each alone to its end; either way one path emits a request's tokens
+(`scheduler.Running.accept`, with its stop check). A request runs until its
 end or until its client goes away (checked after every token, so a cancelled request
 stops within the cycle it is in). The asyncio side hears back through the job's own
 queue, fed thread-safely.
@@ -42,7 +43,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from app.model_thread import Failed, ModelThread, describe_error
-from app.server.jobs import Delta, Done, Job, Metrics, QueueFull, stop_hit, token_logprob
+from app.server.jobs import Delta, Done, Job, Metrics, QueueFull
 from app.server.request import CompletionRequest, ModelInfo
 from app.server.scheduler import MAX_BATCH, Scheduler
 from dflash_mlx import PREFILL_STEP, DecodeOptions, context_length
@@ -238,12 +239,7 @@ class Worker(ModelThread):
     def handle(self, job: Job) -> None:
         self.running = job
         try:
-            if self.scheduler.batched:
-                self.scheduler.serve(job)
-            else:
-                queued, done = time.perf_counter() - job.queued_at, self._generate(job)
-                self.metrics.fed(done.prompt_tokens - done.cached_tokens, again=False)
-                self.finished(replace(done, queue_seconds=queued))
+            self.scheduler.serve(job)  # alone, or batched where the queue's policy allows
         finally:
             self.running = None
 
@@ -278,48 +274,6 @@ class Worker(ModelThread):
             return replace(options, seed=secrets.randbits(63))
         return options
 
-    def _generate(self, job: Job) -> Done:
-        """Decode `job` to its end, emitting its text as it comes; its `Done`, also emitted."""
-        if job.cancelled.is_set():
-            done = Done("cancelled")
-            job.emit(done)
-            return done
-        req, cache, options = job.request, self.pool.take(job.request.prompt), self.request_options(job.request)
-        tokens, text, eos = [], [], self.tokenizer.eos_token_ids
-
-        def delta(response: Any) -> None:
-            job.generated = response.generation_tokens
-            tokens.append(response.token)
-            # as OpenAI does, an EOS token has no log-probability entry (it has no text)
-            wanted = req.logprobs is not None and response.token not in eos
-            entry = (token_logprob(self.tokenizer, response.token, response.logprobs, req.logprobs),) if wanted else ()
-            if response.text:
-                text.append(response.text)
-            if response.text or entry:
-                job.emit(Delta(response.text, entry))
-
-        cancelled, on_response = job.cancelled.is_set, delta
-        if self.ranks is not None:  # every rank decodes it; they stop together
-            cancelled, on_response = self.ranks.run(req, options, cancelled, delta)
-        last, reason = self.decode(
-            req.prompt,
-            self.draft,
-            options,
-            cache,
-            max_tokens=req.max_tokens,
-            stop=req.stop,
-            cancelled=cancelled,
-            on_response=on_response,
-            drop_cache=lambda: self.pool.drop(cache),
-            on_prefill=self.prefill_progress(),
-        )
-        stop = None
-        if reason == "stop" and req.stop and tokens[-1] not in eos:
-            stop = stop_hit(self.tokenizer.decode(tokens), "".join(text), req.stop)
-        done = _done(reason, stop, last)
-        job.emit(done)
-        return done
-
     def prefill_progress(self) -> Callable[[int, int], None]:
         """A prefill callback that logs each chunk of a prompt longer than one."""
         tic = time.perf_counter()
@@ -330,13 +284,3 @@ class Worker(ModelThread):
                 self.log(f"prefill {done}/{total} prompt tokens ({seconds:.1f} s)")
 
         return progress
-
-
-def _done(reason: str, stop: Optional[str], last: Any) -> Done:
-    if last is None:
-        return Done(reason)
-    stats = last.stats
-    cached = stats.prompt_cached if stats is not None else 0
-    return Done(
-        reason, stop, last.generation_tokens, last.prompt_tokens, cached, stats, last.generation_tps, last.prompt_tps
-    )
