@@ -13,7 +13,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from dflash_mlx.holes import HoleKVCache
+from dflash_mlx import host
+from dflash_mlx.holes import COMPACT_SHARE, HoleKVCache
 
 from tiny_targets import VOCAB, tiny_target
 
@@ -47,12 +48,16 @@ def _two_rows() -> tuple[HoleKVCache, list[list[mx.array]]]:
     return batch, kept
 
 
-def _most_holes(batch: HoleKVCache) -> int:
-    return 0 if batch.holes is None else mx.max(mx.sum(batch.holes, axis=1)).item()
+def _assert_host_copies(batch: HoleKVCache) -> None:
+    """The host's copies of the holes and the left padding are the device's, slot for slot."""
+    holes = batch._holes(batch._idx).tolist()
+    known = [[any(s <= j < e for s, e in runs) for j in range(batch._idx)] for runs in batch.runs]
+    assert known == holes and batch.hole_counts() == [sum(row) for row in holes]
+    assert batch.pads == batch.left_padding.tolist()
 
 
 def _assert_rows(batch: HoleKVCache, kept: list[list[mx.array]]) -> None:
-    assert batch.hole_bound >= _most_holes(batch)
+    _assert_host_copies(batch)
     for i, (keys, values) in enumerate(kept):
         row = batch.extract(i)
         assert row.offset == keys.shape[2] == batch.offset[i].item()
@@ -112,20 +117,31 @@ def test_a_hole_heavy_batch_compacts_itself():
     _assert_rows(batch, [kept[0], [a[..., :4, :] for a in kept[1]]])
 
 
-def test_rows_rejecting_in_turn_stay_bounded_and_uncompacted():
-    """Rows that reject 3 of 4 in turn never hold half their slots as holes: the host bound
-    (which adds each punch's most) passes the share, is corrected by one count, and the
-    batch is not compacted."""
+def test_compaction_comes_exactly_when_a_row_passes_the_share():
+    """Row 0 rejects 3 of each block of 4, row 1 rejects 1 of each 4 then none: the batch
+    compacts in the very cycle where a row's holes pass `COMPACT_SHARE` of the slots, never
+    before; the host knows the counts (nothing is read back from the device), and every
+    row's tokens stay exactly right throughout."""
     mx.random.seed(1)
-    batch = HoleKVCache.merge([_solo(*_kv(3)), _solo(*_kv(3))])
-    reads = 0
+    rows = [_kv(3), _kv(3)]
+    batch = HoleKVCache.merge([_solo(*rows[0]), _solo(*rows[1])])
+    kept = [list(r) for r in rows]
+    compactions = 0
     for cycle in range(12):
-        batch.update_and_fetch(*_kv(4, rows=2))
-        before = batch.hole_bound
-        batch.punch([3, 0] if cycle % 2 else [0, 3])
-        assert batch.holes is not None and batch.hole_bound >= _most_holes(batch)
-        reads += batch.hole_bound < before + 3  # a count replaced the bound
-    assert reads > 0 and batch.offset.tolist() == [3 + 12 * 4 - 6 * 3] * 2
+        block = _kv(4, rows=2)
+        batch.update_and_fetch(*block)
+        rejected = [3, 1 if cycle < 4 else 0]
+        counts = [c + r for c, r in zip(batch.hole_counts(), rejected)]
+        passes = max(counts) > COMPACT_SHARE * batch._idx
+        with host.watching() as watch:
+            batch.punch(rejected)
+        assert watch.reads == 0
+        assert (batch.holes is None) == passes and batch.hole_counts() == ([0, 0] if passes else counts)
+        compactions += passes
+        for i, r in enumerate(rejected):
+            kept[i] = [mx.concatenate([kept[i][j], block[j][i : i + 1, :, : 4 - r]], axis=2) for j in range(2)]
+        _assert_rows(batch, kept)
+    assert compactions >= 2 and batch.offset.tolist() == [3 + 12, 3 + 12 * 4 - 4]
 
 
 def test_bad_counts_name_the_batch():
