@@ -14,18 +14,31 @@ t) alone (`sampling.py`), exactly as the one-sequence loop draws it: a request's
 its solo text whoever shares the batch, greedy or seeded. A family is batched only where
 that was tested (`tests/test_batch.py`); `refusal` says why another, or a quantized KV
 cache, is served one request at a time.
+
+Steps are pipelined as mlx-lm's `BatchGenerator` pipelines them: `step` queues the next
+step's forward on this step's tokens, still lazy, and only then reads them (its one
+blocking read, `host.read`, made while the device computes the next step), so the device
+does not wait for the host's bookkeeping between steps. The step queued ahead (`Queued`)
+has fed each row its last token, which the caller has seen, and drawn the next on the
+device, which it has not. Rows still join and leave between steps: a leaving row leaves
+the queued step too; a joining row is fed by the next step's forward and its first token
+comes with the step after (in a new batch, with the first step); a row handed over
+(`extract`) gives its cache without that last token (`rollback.unstep_row`), as its
+caller knows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
+from . import host
+from .rollback import recurrent_states, unstep_row
 from .sampling import SamplingParams, log_softmax
 from .targets import model_type
 
@@ -92,6 +105,29 @@ class _Row:
     logprobs: bool
 
 
+@dataclass
+class Queued:
+    """A plain step queued ahead and not read yet: the first `len(self)` rows fed their
+    last token and drew the next one on the device."""
+
+    tokens: mx.array  # (n,) each row's next token
+    logprobs: list[Optional[mx.array]]  # (V,) each, for the rows that asked for them
+    before: dict[int, list[Any]]  # the recurrent layers' arrays before the step (n rows): `rollback.unstep_row`
+    features: Optional[mx.array]  # (n, 1, k * hidden): the fed tokens' drafter features (a speculating batch)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep the given rows (of its first `len(self)`)."""
+        index = mx.array(keep)
+        self.tokens = self.tokens[index]
+        self.logprobs = [self.logprobs[i] for i in keep]
+        self.before = {j: [None if a is None else a[index] for a in arrays] for j, arrays in self.before.items()}
+        if self.features is not None:
+            self.features = self.features[index]
+
+
 class BatchDecoder:
     """Plain one-token steps for every sequence of a batch, in one forward of one target.
 
@@ -106,6 +142,7 @@ class BatchDecoder:
         self.cache: list[Any] = []  # one batch cache per layer; empty while no row is in
         self.rows: list[_Row] = []
         self._uids = count()
+        self._queued: Optional[Queued] = None  # the step queued ahead (see the module docstring)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -140,26 +177,55 @@ class BatchDecoder:
         return layer.merge([layer])
 
     def step(self) -> list[Drawn]:
-        """One forward over every row's last token; each row's next token drawn with its
-        own sampling at its own position. Returns one `Drawn` per row, in row order."""
+        """One plain step, the next queued before it is read: each row's next token drawn
+        with its own sampling at its own position. Returns one `Drawn` per row whose token
+        was on the way, in row order: every row but those that joined while steps were
+        under way (theirs comes with the next step)."""
+        return self._plain(lambda: True)
+
+    def _plain(self, ahead: Callable[[], bool]) -> list[Drawn]:
+        """A plain step; the next is queued before this one is read where `ahead()` (asked
+        while the device computes this one) says so, else every row's last token is on the
+        host and not fed when it returns."""
         if not self.rows:
             raise ValueError("the batch is empty: add a sequence first")
-        inputs = mx.array([[row.last] for row in self.rows])  # (B, 1)
-        logits = self._forward(inputs)[:, -1]  # (B, V)
+        queued = self._queued if self._queued is not None else self._draw(None)
+        self._queued = self._draw(queued) if ahead() else None
+        return self._take(queued, behind=self._queued is not None)
+
+    def _draw(self, after: Optional[Queued]) -> Queued:
+        """Queue one forward of every row's next token (the one `after` drew for its rows,
+        still lazy; the last token for the rest), each row's next token drawn at its own
+        position."""
+        n = 0 if after is None else len(after)
+        rest = [row.last for row in self.rows[n:]]
+        if after is None:
+            inputs = mx.array(rest)  # (B,)
+        else:
+            inputs = mx.concatenate([after.tokens, mx.array(rest, dtype=after.tokens.dtype)]) if rest else after.tokens
+        before = recurrent_states(self.cache)
+        logits, features = self._forward(inputs[:, None])  # (B, 1, V), (B, 1, k * hidden) or None
+        logits = logits[:, -1]
         tokens = mx.concatenate(
-            [row.sampling.choose(logits[i : i + 1], row.position) for i, row in enumerate(self.rows)]
+            [row.sampling.choose(logits[i : i + 1], row.position + (i < n)) for i, row in enumerate(self.rows)]
         )  # (B,)
         lps = [log_softmax(logits[i]) if row.logprobs else None for i, row in enumerate(self.rows)]
-        mx.eval(tokens, [lp for lp in lps if lp is not None])
+        host.queue(tokens, lps)
+        return Queued(tokens, lps, before, features)
+
+    def _take(self, queued: Queued, behind: bool) -> list[Drawn]:
+        """The tokens `queued` drew, read (a step's one blocking read; `behind`: the next
+        step is queued behind it) and handed to their rows."""
         drawn = []
-        for row, token, lp in zip(self.rows, tokens.tolist(), lps):
+        for row, token, lp in zip(self.rows, host.read(queued.tokens, behind=behind), queued.logprobs):
             row.last, row.position = token, row.position + 1
             drawn.append(Drawn(row.uid, token, lp))
         return drawn
 
-    def _forward(self, inputs: mx.array) -> mx.array:
-        """Logits (B, L, V) of inputs (B, L) through the batch cache: the model's own call."""
-        return self.model(inputs, cache=self.cache)
+    def _forward(self, inputs: mx.array) -> tuple[mx.array, Optional[mx.array]]:
+        """Logits (B, L, V) of inputs (B, L) through the batch cache: the model's own call
+        (and no drafter features)."""
+        return self.model(inputs, cache=self.cache), None
 
     def _index(self, uid: int) -> int:
         for i, row in enumerate(self.rows):
@@ -171,8 +237,15 @@ class BatchDecoder:
         """Row `uid` leaves (a stop, max tokens, a cancel); the others go on untouched."""
         i = self._index(uid)
         del self.rows[i]
+        queued = self._queued
+        if queued is not None and i < len(queued):
+            keep = [k for k in range(len(queued)) if k != i]
+            if keep:
+                queued.filter(keep)
+            else:
+                self._queued = None
         if not self.rows:
-            self.cache = []
+            self.cache, self._queued = [], None
             return
         keep = list(range(len(self.rows) + 1))
         del keep[i]
@@ -184,6 +257,10 @@ class BatchDecoder:
         it feeds next: what `add` takes, and what the one-sequence loop continues from
         (its prompt [token] on this cache). The row stays in the batch."""
         i = self._index(uid)
-        if self.rows[i].position == 1:  # nothing fed yet (a one-token prompt): a batch cache may hold no state to cut
-            return make_prompt_cache(self.model), self.rows[i].last
-        return [layer.extract(i) for layer in self.cache], self.rows[i].last
+        row = self.rows[i]
+        if row.position == 1:  # nothing fed before `last` (a one-token prompt): a batch cache may hold no state to cut
+            return make_prompt_cache(self.model), row.last
+        if self._queued is None or i >= len(self._queued):
+            return [layer.extract(i) for layer in self.cache], row.last
+        before = self._queued.before  # the step queued ahead fed `last`: the row's cache is without it
+        return [unstep_row(layer, i, before.get(j)) for j, layer in enumerate(self.cache)], row.last

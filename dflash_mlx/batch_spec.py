@@ -21,6 +21,15 @@ holds) and their own acceptance record. A cycle is
 `cycle` picks the width for the batch as it is (`batch_width.BatchWidth`) and teaches it
 the cycle's measured time.
 
+A drafted cycle reads the device once (`host.read`): every row's drafts and its accepted
+count and next token, in one array; the caches' state after the rollback and the
+log-probabilities are queued (`host.queue`), not waited for, so the device computes them
+(and any replay) during the host's bookkeeping, and the lazy graph never outgrows a cycle.
+A plain cycle is pipelined as `BatchDecoder.step` is, where it can be: while the device
+computes it, `cycle` chooses the next cycle's width, and queues that cycle ahead when it
+is a plain step too. A `speculate` called while a step is queued ahead takes that step
+back first (`rollback.unstep_rows`: its forward is wasted; `cycle` never does this).
+
 Prompt lookup (`lookup.py`) works inside the batch as in a chain cycle alone: a row whose
 own recent tokens promise more from lookup's guess than from the drafter's drafts
 (`acceptance.Records.chain_guess`, on the row's own records) verifies the guess in their
@@ -45,15 +54,16 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
+from . import host
 from .acceptance import Acceptance, Records
-from .batch import BatchDecoder, cache_length
+from .batch import BatchDecoder, Drawn, Queued, cache_length
 from .batch_width import BatchWidth
 from .context_cache import ContextCache
 from .drafter import Drafter
 from .holes import HoleKVCache
 from .lookup import WINDOW, lookup
 from .pair import Pair
-from .rollback import Checkpoint
+from .rollback import Checkpoint, unstep_rows
 from .sampling import Draws, SamplingParams, accept, log_softmax
 from .targets import model_type
 from .targets.hybrid import HybridTarget
@@ -143,6 +153,7 @@ class BatchSpeculator(BatchDecoder):
         self.chooser = chooser if chooser is not None else BatchWidth(sorted({1, min(4, block), block}))
         self.contexts: dict[int, _Context] = {}
         self.width = 1  # of the last cycle
+        self._next: Optional[int] = None  # the width the last (plain) cycle chose for the next
 
     def add(
         self,
@@ -214,33 +225,58 @@ class BatchSpeculator(BatchDecoder):
             self.pair.drafter.append_context(mx.concatenate(ctx.pending, axis=1), ctx.draft)
         ctx.pending = []
 
-    def _forward(self, inputs: mx.array) -> mx.array:
+    def _forward(self, inputs: mx.array) -> tuple[mx.array, Optional[mx.array]]:
         """A plain step through the target adapter: logits (B, 1, V) of inputs (B, 1), the
-        rows' last tokens; each row's features wait in its pending list for its next draft."""
+        rows' next tokens, and their features (B, 1, k * hidden) for the rows' drafter
+        contexts (None where the family does not speculate)."""
         if self.family_refusal is not None:
             return super()._forward(inputs)
-        target = self.pair.target
-        hidden, features = target.forward(inputs, self.cache)  # (B, 1, hidden), (B, 1, k * hidden)
-        for i, row in enumerate(self.rows):
+        hidden, features = self.pair.target.forward(inputs, self.cache)  # (B, 1, hidden), (B, 1, k * hidden)
+        return self.pair.target.lm_head(hidden), features
+
+    def _take(self, queued: Queued, behind: bool) -> list[Drawn]:
+        """A plain step's tokens handed to their rows (`BatchDecoder._take`); the tokens it
+        fed join each row's lookup context, and their features wait in its pending list for
+        its next draft."""
+        for i, row in enumerate(self.rows[: len(queued)]):
             ctx = self.contexts[row.uid]
             ctx.fed([row.last])
-            if ctx.draft is not None:  # a row without a context takes plain steps only
-                ctx.pending.append(features[i : i + 1])
-        return target.lm_head(hidden)
+            if queued.features is not None and ctx.draft is not None:  # a row without a context takes plain steps only
+                ctx.pending.append(queued.features[i : i + 1])
+        return super()._take(queued, behind)
+
+    def _choose(self) -> tuple[int, Optional[list[Outlook]]]:
+        """The width of a cycle of the batch as it is (1 where it cannot speculate), and the
+        rows' outlooks it was chosen from."""
+        if self.speculation_refusal() is not None:
+            return 1, None
+        outlooks = self.outlooks(self.chooser.widths[-1])
+        return self.chooser.choose(outlooks), outlooks
+
+    def _plain_next(self) -> bool:
+        """Whether the next cycle is a plain step (chosen now: the current one is)."""
+        self._next = self._choose()[0]
+        return self._next == 1
 
     def cycle(self) -> list[Committed]:
         """One cycle of the width `chooser` picks for the batch as it is (a plain step when
-        the batch cannot speculate; `width` says which it was); the chooser learns its
-        measured seconds."""
+        the batch cannot speculate, or a plain step queued ahead is on the way; `width` says
+        which it was); the chooser learns its measured seconds. Returns one `Committed` per
+        row that had tokens, in row order (see `step`)."""
         if not self.rows:
             raise ValueError("the batch is empty: add a sequence first")
-        rows, outlooks = len(self.rows), None
-        if self.speculation_refusal() is None:
-            outlooks = self.outlooks(self.chooser.widths[-1])
-        width = 1 if outlooks is None else self.chooser.choose(outlooks)
+        rows, width, outlooks = len(self.rows), self._next, None
+        self._next = None
+        if self._queued is not None:
+            width = 1
+        elif width is None:  # the last cycle did not choose this one's width
+            width, outlooks = self._choose()
+        if width > 1 and self.speculation_refusal() is not None:  # rows joined since it was chosen
+            width = 1
         tic = time.perf_counter()
         if width == 1:
-            out = [Committed(d.uid, [d.token], 0, None if d.logprobs is None else [d.logprobs]) for d in self.step()]
+            drawn = self._plain(self._plain_next)
+            out = [Committed(d.uid, [d.token], 0, None if d.logprobs is None else [d.logprobs]) for d in drawn]
         else:
             out = self.speculate(width, outlooks)
         self.chooser.update(rows, width, time.perf_counter() - tic)
@@ -259,6 +295,10 @@ class BatchSpeculator(BatchDecoder):
             raise ValueError("the batch is empty: add a sequence first")
         if width < 2:
             raise ValueError(f"width must be an integer >= 2, got {width!r}")
+        if self._queued is not None:  # each block starts at its row's last token
+            unstep_rows(self.cache, self._queued.before, len(self._queued))
+            self._queued = None
+        self._next = None
         outlooks = outlooks if outlooks is not None else self.outlooks(width)
         target = self.pair.target
         draws = [row.sampling.draws(row.position) for row in self.rows]  # block positions 1.. choose there
@@ -269,21 +309,21 @@ class BatchSpeculator(BatchDecoder):
         hidden, features = target.forward(inputs, self.cache, checkpoint=checkpoint)  # (B, w, ...)
         logits = target.lm_head(hidden)  # (B, w, V)
         outcome = mx.stack([mx.stack(accept(drafts[i], d.choose(logits[i]))) for i, d in enumerate(draws)])  # (B, 2)
-        mx.eval(drafts, outcome)
-        drafted, outcome = drafts.tolist(), outcome.tolist()
-        checkpoint.rollback_rows([width - 1 - a for a, _ in outcome])
+        read = host.read(mx.concatenate([drafts, outcome], axis=1))  # (B, w + 1): drafts, accepted, next token
+        checkpoint.rollback_rows([width - 1 - r[-2] for r in read])
         out = []
-        for i, (row, (a, bonus)) in enumerate(zip(self.rows, outcome)):
-            ctx, committed = self.contexts[row.uid], drafted[i][:a] + [bonus]
+        for i, (row, r) in enumerate(zip(self.rows, read)):
+            ctx, drafted, (a, bonus) = self.contexts[row.uid], r[:-2], r[-2:]
+            committed = drafted[:a] + [bonus]
             ctx.pending.append(features[i : i + 1, : a + 1])  # [last, accepted drafts] join the context
             ctx.records.guesses.observe(outlooks[i].found[: width - 1], committed)
             if not guesses[i]:
                 ctx.records.drafts.learn(width, a)
-            ctx.fed([row.last] + drafted[i][:a])
+            ctx.fed([row.last] + drafted[:a])
             row.last, row.position = bonus, row.position + a + 1
             lps = list(log_softmax(logits[i, : a + 1])) if row.logprobs else None
             out.append(Committed(row.uid, committed, a, lps, bool(guesses[i])))
-        mx.eval([c.state for c in self.cache], [lp for c in out for lp in c.logprobs or []])
+        host.queue([c.state for c in self.cache], [lp for c in out for lp in c.logprobs or []])
         return out
 
     def _blocks(self, draws: list[Draws], width: int, guesses: list[list[int]]) -> mx.array:

@@ -30,6 +30,10 @@ own prefix: `Checkpoint.rollback_rows` takes each row's rejected tail out of the
 caches (left as masked holes in a `holes.HoleKVCache`, or replayed per row for gated-delta
 states).
 
+A batch's plain step queued ahead (`batch.py`) feeds every row its last token before the
+caller has seen the step: where the caller hands a row over (`extract`) or drafts instead,
+that token is taken back out (`unstep_row`, `unstep_rows`).
+
 After a draft tree's verify (`tree.py`) the KV caches hold root + every node in tree
 order; `keep_rows` gathers the accepted path's rows into place and sets the offset, so
 the cache is what it would be had it seen the committed tokens alone.
@@ -64,7 +68,7 @@ class Checkpoint:
 
     def __init__(self, cache: Sequence[Any], replay: Replay):
         self.cache, self.replay = cache, replay
-        self.states = {i: list(c.cache) for i, c in enumerate(cache) if isinstance(c, ArraysCache)}
+        self.states = recurrent_states(cache)
         self.inputs: dict[int, mx.array] = {}
         self.tapes: dict[int, Any] = {}  # kernels.tape.Tape of the layers whose forward recorded one
 
@@ -119,6 +123,54 @@ class Checkpoint:
                     c.punch([d - least for d in drops])
             else:
                 raise ValueError(f"a {type(c).__name__} batch cache cannot be rolled back per row")
+
+
+def recurrent_states(cache: Sequence[Any]) -> dict[int, list[Any]]:
+    """The arrays of each recurrent layer (`ArraysCache`) by layer index: references, which
+    stay valid (mlx-lm replaces these arrays on update)."""
+    return {i: list(c.cache) for i, c in enumerate(cache) if isinstance(c, ArraysCache)}
+
+
+def unstep_row(layer: Any, row: int, before: Optional[list[Any]] = None) -> Any:
+    """Row `row` of a batch cache layer as a single-sequence cache, without the last token a
+    plain step queued ahead fed it: a KV cache drops its last entry; a rotating one whose
+    window was full lost its oldest token to that one, and its freed slot goes first, where
+    its next token is written (one token) or which it drops (several) before anything
+    attends there; a recurrent layer is the row of `before`, its arrays before the step."""
+    if isinstance(layer, ArraysCache):
+        earlier = ArraysCache(len(before))
+        earlier.cache = list(before)
+        return earlier.extract(row)
+    cache = layer.extract(row)  # keys (1, kv_heads, n, head_dim), in order
+    if isinstance(cache, RotatingKVCache) and cache.offset > cache.keys.shape[2]:
+        cache.keys, cache.values = (mx.roll(a, 1, axis=2) for a in (cache.keys, cache.values))
+    else:
+        cache.keys, cache.values = cache.keys[..., :-1, :], cache.values[..., :-1, :]
+        if isinstance(cache, RotatingKVCache):
+            cache._idx -= 1
+    cache.offset -= 1
+    return cache
+
+
+def unstep_rows(cache: Sequence[Any], before: dict[int, list[Any]], ahead: int) -> None:
+    """Take the last token back out of the first `ahead` rows of a speculating batch's
+    caches, fed by a plain step queued ahead (the rows after them joined since): a
+    `HoleKVCache` trims it where every row fed it, else leaves it a hole; a recurrent layer
+    gets its arrays of those rows from before the step back (`before`, `recurrent_states`)."""
+    for i, c in enumerate(cache):
+        if isinstance(c, ArraysCache):
+            c.cache = [
+                was if now is None or ahead == now.shape[0] else mx.concatenate([was, now[ahead:]])
+                for was, now in zip(before[i], c.cache)
+            ]
+        elif isinstance(c, HoleKVCache):
+            rows = len(c.pads)
+            if ahead == rows:
+                c.trim(1)
+            else:
+                c.punch([1] * ahead + [0] * (rows - ahead))
+        else:
+            raise ValueError(f"a {type(c).__name__} batch cache cannot take back a queued step")
 
 
 def _drop_rotating(c: RotatingKVCache, drop: int) -> None:
