@@ -65,7 +65,7 @@ class HoleKVCache(BatchKVCache):
 
     def _holes(self, width: int) -> mx.array:
         """The holes (B, width): cut or padded on the right with no holes."""
-        rows = len(self.pads)
+        rows = self.offset.shape[0]
         if self.holes is None:
             return mx.zeros((rows, width), dtype=mx.bool_)
         n = self.holes.shape[1]

@@ -88,6 +88,16 @@ def test_new_tokens_follow_the_holes_and_extract_drops_them():
     _assert_rows(batch, kept)
 
 
+def test_a_state_set_on_another_cache_keeps_its_holes():
+    batch, kept = _two_rows()
+    other = HoleKVCache([0])
+    other.state = batch.state
+    _assert_rows(other, kept)
+    other.punch([1, 0])
+    kept[0] = [a[..., :-1, :] for a in kept[0]]
+    _assert_rows(other, kept)
+
+
 def test_trim_counts_only_tokens_and_filter_extend_keep_the_holes():
     batch, kept = _two_rows()
     assert batch.trim(3) == 3  # row 0 loses 3 tokens, row 1 one token and its 2 holes
