@@ -48,11 +48,6 @@ ONE_OFFS = {
     ("lookup.py", "lookup"): "a numpy array of host tokens, not a device read",
     ("sampling.py", "fresh_seed"): "a seed, once per sampled generation without one",
     ("text.py", "token_ids"): "the prompt's ids, before decoding",
-    # the batch's cycle: its reads go through host.py next (issue 57)
-    ("batch.py", "step"): "the batch's plain step",
-    ("batch_spec.py", "speculate"): "the batch's drafted cycle",
-    ("holes.py", "punch"): "the batch's hole count",
-    ("holes.py", "_kept"): "the batch's compaction",
 }
 
 
