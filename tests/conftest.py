@@ -201,3 +201,12 @@ def client(worker):
 
     with TestClient(create_app(worker)) as c:
         yield c
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """MLX's blocking calls counted for this test (`host_reads.Calls`: reads through
+    dflash_mlx/host.py, strays from anywhere else in the engine or mlx-lm)."""
+    from host_reads import count_calls
+
+    return count_calls(monkeypatch)

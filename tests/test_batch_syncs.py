@@ -16,14 +16,9 @@ time, so that holes pile up and the batch compacts them; their texts stay their 
 from __future__ import annotations
 
 import itertools
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
 
-import dflash_mlx
 import mlx.core as mx
-import mlx_lm
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
@@ -35,63 +30,15 @@ from dflash_mlx.batch_width import BatchWidth
 from dflash_mlx.holes import HoleKVCache
 from dflash_mlx.sampling import SamplingParams
 
+from host_reads import Calls
 from batch_rows import BLOCK, PATTERNS, SAMPLED, join_row, prefill, row_prompt, scripted_drafter
 from references import greedy_reference, target_alone
 from tiny_targets import tiny_target
 
-ENGINE, MLX_LM = Path(dflash_mlx.__file__).parent, Path(mlx_lm.__file__).parent
-HOST = str(ENGINE / "host.py")
-BLOCKING = ("item", "tolist", "__array__", "__bool__", "__int__", "__float__", "__index__")
 #: every draft wrong: the row rejects its whole block each cycle, and its holes pile up
 REJECTS = lambda cycle, k: True  # noqa: E731
 #: (prompt length, drafter pattern): one row accepts every draft, one none, two in between
 ROWS = [(5, PATTERNS[0]), (13, REJECTS), (9, PATTERNS[2]), (1, PATTERNS[3])]
-
-
-class Calls:
-    """MLX's blocking calls seen while `counting`: reads (from host.py, one per host call)
-    and strays (from anywhere else in the engine or in mlx-lm), by file and line."""
-
-    def __init__(self):
-        self.on, self.reads, self.strays = False, 0, []
-        self._host: Optional[object] = None  # the frame of the host call that read last (kept alive)
-
-    def seen(self, frame) -> None:
-        if not self.on:
-            return
-        path = frame.f_code.co_filename
-        if path == HOST:
-            if frame is not self._host:
-                self.reads, self._host = self.reads + 1, frame
-        elif Path(path).is_relative_to(ENGINE) or Path(path).is_relative_to(MLX_LM):
-            self.strays.append(f"{Path(path).name}:{frame.f_lineno}")
-
-    @contextmanager
-    def counting(self) -> Iterator[host.Watch]:
-        """Count one cycle: this object's tallies start at zero; yields the host's watch."""
-        self.reads, self.strays, self._host, self.on = 0, [], None, True
-        try:
-            with host.watching() as watch:
-                yield watch
-        finally:
-            self.on, self._host = False, None
-
-
-@pytest.fixture
-def calls(monkeypatch) -> Calls:
-    counted = Calls()
-
-    def wrapped(fn):
-        def call(*args, **kwargs):
-            counted.seen(sys._getframe(1))
-            return fn(*args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(mx, "eval", wrapped(mx.eval))
-    for name in BLOCKING:
-        monkeypatch.setattr(mx.array, name, wrapped(getattr(mx.array, name)))
-    return counted
 
 
 def _one_read(calls: Calls, watch: host.Watch, what: str) -> None:

@@ -12,17 +12,13 @@ one-offs listed here with their reasons.
 from __future__ import annotations
 
 import ast
-import sys
-from collections import Counter
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from typing import Iterator
 
 import dflash_mlx  # noqa: F401  (OpenBLAS before mlx)
-import mlx.core as mx
 import pytest
 
-from dflash_mlx import host
 from dflash_mlx.speculative import generate_step
 from dflash_mlx.targets import make_target
 from tiny_drafters import BLOCK, ScriptedDrafter, prompt_of
@@ -30,7 +26,6 @@ from tiny_targets import tiny_target
 from references import greedy_reference
 
 ENGINE = Path(dflash_mlx.__file__).parent
-HOST = str(ENGINE / "host.py")
 
 #: Blocking calls the engine makes outside `host.py`, by (module, function): each a one-off
 #: outside the decoding cycle, or not a device read.
@@ -76,42 +71,20 @@ def test_the_engine_reads_the_device_only_through_host():
     assert found == set(ONE_OFFS), f"one-offs no longer there: {set(ONE_OFFS) - found}"
 
 
-@contextmanager
-def blocking_calls(monkeypatch) -> Iterator[Counter]:
-    """Count MLX's public blocking calls by caller: "host" (dflash_mlx/host.py), "stray"
-    (any other engine module, or mlx-lm's code), "other" (the tests' own)."""
-    calls: Counter = Counter()
-    counting = [True]
-
-    def counted(original):
-        def wrapper(*args, **kwargs):
-            caller = sys._getframe(1).f_code.co_filename
-            ours_or_mlx_lm = caller.startswith(str(ENGINE)) or "mlx_lm" in caller
-            calls["host" if caller == HOST else "stray" if ours_or_mlx_lm else "other"] += counting[0]
-            return original(*args, **kwargs)
-
-        return wrapper
-
-    with monkeypatch.context() as patch:
-        patch.setattr(mx, "eval", counted(mx.eval))
-        patch.setattr(mx.array, "item", counted(mx.array.item))
-        patch.setattr(mx.array, "tolist", counted(mx.array.tolist))
-        yield calls
-        counting[0] = False
-
-
-def reads_per_cycle(monkeypatch, model, drafter, cycles: int, **options) -> tuple[float, Counter]:
-    """The engine's blocking reads per cycle over `cycles` cycles after the first, and the
-    public calls by caller; the tokens equal mlx-lm's greedy ones."""
+def reads_per_cycle(calls, model, drafter, cycles: int, **options) -> float:
+    """The engine's blocking reads per cycle over `cycles` cycles after the first (none
+    made past host.py); the tokens equal mlx-lm's greedy ones."""
     prompt = prompt_of(7, 11)
     tokens = []
     with closing(generate_step(prompt, model, drafter, max_tokens=None, **options)) as steps:
         tokens += next(steps)[0]  # the prefill and its token
-        with host.watching() as watch, blocking_calls(monkeypatch) as calls:
+        with calls.counting() as watch:
             for _ in range(cycles):
                 tokens += next(steps)[0]
     assert tokens == greedy_reference(model, prompt, len(tokens))
-    return watch.reads / cycles, calls
+    assert not calls.strays, f"blocking calls outside host.py: {calls.strays}"
+    assert calls.reads == watch.reads, (calls.reads, watch.reads)
+    return watch.reads / cycles
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +104,7 @@ def pair():
         ("defaults", dict(), 1),
     ],
 )
-def test_blocking_reads_per_cycle(monkeypatch, pair, kind, options, most):
+def test_blocking_reads_per_cycle(calls, pair, kind, options, most):
     model, drafter = pair
-    per_cycle, calls = reads_per_cycle(
-        monkeypatch, model, drafter if options is not None else None, 24, **options or {}
-    )
+    per_cycle = reads_per_cycle(calls, model, drafter if options is not None else None, 24, **options or {})
     assert per_cycle == most, (kind, per_cycle)
-    assert calls["stray"] == 0, (kind, calls)
