@@ -13,7 +13,8 @@ promises more: `--lookup`) verified in one target forward, its width (`widths_up
 4 or the block size) chosen from the rows' acceptance and the (rows, width) cost table,
 then the costs measured, which the scheduler keeps from one batch to the next. Sliding-window families and a
 server without a drafter take plain batched steps (`batch_spec.speculation_refusal`).
-A cycle commits 1 .. width tokens per row, taken one by one as alone: a row leaves at
+A cycle commits 1 .. width tokens per row (none to a row that joined during a pipelined
+plain step: its first comes with the step after), taken one by one as alone: a row leaves at
 its end (EOS, a stop string, `max_tokens`, even inside a block: the block's later
 tokens are dropped) or when its client goes away. A row left alone with `RESUME` tokens
 or more to go returns to decoding alone.

@@ -56,6 +56,9 @@ bench_app = typer.Typer(cls=_SpeedByDefault, add_completion=False, rich_markup_m
 
 MODEL_HELP = "Target (default: SmolLM2-135M-Instruct)."
 JSON_HELP = "Write the report as JSON here."
+HELDOUT_PROMPTS = typer.Option(
+    ["heldout"], "--prompts", help="Prompt files or shipped held-out sets (default: the 40 held-out prompts)."
+)
 
 
 def read_prompts(sources: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -249,9 +252,7 @@ def concurrency(
     levels: str = typer.Argument("1,2,4,8", help="Concurrent clients, comma-separated (1 always runs first)."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter for dflash serve (default: the shipped one)."),
-    prompts: List[str] = typer.Option(
-        ["heldout"], "--prompts", help="Prompt files or shipped held-out sets (default: the 40 held-out prompts)."
-    ),
+    prompts: List[str] = HELDOUT_PROMPTS,
     limit: int = typer.Option(32, "--limit", help="Use the first this many prompts."),
     max_tokens: int = typer.Option(64, "--max-tokens", "-m"),
     mlx_lm_batch: int = typer.Option(
@@ -297,9 +298,7 @@ def concurrency(
 def host(
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     draft: Optional[str] = typer.Option(None, "--draft", help="Drafter (default: the shipped one)."),
-    prompts: List[str] = typer.Option(
-        ["heldout"], "--prompts", help="Prompt files or shipped held-out sets (default: the 40 held-out prompts)."
-    ),
+    prompts: List[str] = HELDOUT_PROMPTS,
     limit: int = typer.Option(8, "--limit", help="Use the first this many prompts."),
     max_tokens: int = typer.Option(64, "--max-tokens", "-m"),
     json_out: Optional[Path] = typer.Option(None, "--json", help=JSON_HELP),
