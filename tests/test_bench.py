@@ -192,13 +192,13 @@ def test_bench_context_lengths(default_model_dir, tmp_path):
 
 
 def test_bench_host_counts_reads_and_idle_time_per_kind_of_cycle(default_model_dir):
-    """`dflash bench host`: a row per kind of cycle; a tree cycle reads the host more often
-    than a chain (its candidates, then the walk), a plain step about once."""
+    """`dflash bench host`: a row per kind of cycle, each reading the host about once a
+    cycle (the prefill's reads a few more a generation)."""
     from app.cli.bench.host import host_table, run_host_bench
 
     report = run_host_bench(str(default_model_dir), None, ["Name a colour."], max_tokens=12)
     rows = {r["kind"]: r for r in report["results"]}
     assert list(rows) == ["plain", "chain 8", "tree 16", "defaults"]
-    assert 1 <= rows["plain"]["reads_per_cycle"] < 1.5 and rows["tree 16"]["reads_per_cycle"] >= 2
+    assert all(1 <= r["reads_per_cycle"] < 1.5 for r in rows.values()), rows
     assert all(r["idle_ms_per_cycle"] >= 0 and r["cycles"] > 0 for r in rows.values())
     assert "| tree 16 |" in host_table(report)
