@@ -88,6 +88,20 @@ def option_values(text: str, flag: str, name: str) -> list[int]:
     return values
 
 
+def writable_directory(path: Path, flag: str) -> Path:
+    """`path` as a directory files may be written in (made if missing, its parent must
+    exist), before any work; a one-line error otherwise."""
+    path = path.expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{flag} {path} is a file: give a directory")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{flag} {path}: the directory {path.parent} does not exist")
+    path.mkdir(exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise PermissionError(f"{flag} {path} is not writable")
+    return path
+
+
 def writable(path: Optional[Path], flag: str) -> None:
     """Refuse a file `flag` names that could not be written (None: not given), before any work."""
     if path is None:

@@ -20,7 +20,15 @@ import typer
 from app.cli.adapt import adapt_command
 from app.cli.bench.commands import bench_app
 from app.cli.average import average_command
-from app.cli.common import SHARDING_HELP, check_pair, one_line_errors, positive, prompt_text, writable
+from app.cli.common import (
+    SHARDING_HELP,
+    check_pair,
+    one_line_errors,
+    positive,
+    prompt_text,
+    writable,
+    writable_directory,
+)
 from app.cli.draft_vocab import draft_vocab_command
 from app.cli.train import (
     curves_command,
@@ -265,6 +273,12 @@ def serve(
     max_batch: int = typer.Option(
         MAX_BATCH, "--max-batch", help="Requests decoded together at most (continuous batching; 1: one at a time)."
     ),
+    keep_conversations: Optional[Path] = typer.Option(
+        None,
+        "--keep-conversations",
+        help="Append each chat request's messages and reply to DIR/conversations-YYYYMMDD.jsonl, for "
+        "dflash adapt (off by default; local files only).",
+    ),
     options: DecodeOptions = DecodeOptions(),
 ) -> None:
     """An OpenAI- and Anthropic-compatible server (/v1/chat/completions, /v1/completions, /v1/messages)
@@ -277,6 +291,7 @@ def serve(
 
     positive(max_tokens, "--max-tokens")
     check_pair(model, draft, no_draft, draft_vocab)
+    keeps = None if keep_conversations is None else str(writable_directory(keep_conversations, "--keep-conversations"))
     sharding = choose_sharding(sharding)
     ranks = Ranks() if world_size() > 1 else None
     worker = Worker(
@@ -290,6 +305,7 @@ def serve(
         sharding=sharding,
         ranks=ranks,
         log=None if ranks is None or ranks.leader else lambda line: None,  # rank 0 logs for all
+        keep_conversations=keeps,
     )
     with print_log():
         if ranks is None or ranks.leader:

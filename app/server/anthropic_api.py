@@ -20,7 +20,7 @@ import uuid
 from typing import Any, Optional
 
 from app.server.output import Piece
-from app.server.prompts import chat_prompt, check_tools, reply_format, template_kwargs, text_content
+from app.server.prompts import chat_prompt, check_tools, conversation, reply_format, template_kwargs, text_content
 from app.server.request import (
     APIError,
     CompletionRequest,
@@ -151,9 +151,9 @@ def _thinking(body: dict) -> dict:
     return {"enable_thinking": kind == "enabled"}
 
 
-def _prompt(body: Any, info: ModelInfo) -> tuple[list[int], list[dict]]:
+def _prompt(body: Any, info: ModelInfo) -> tuple[list[int], list[dict], tuple[dict, ...]]:
     """The templated prompt of a Messages (or count_tokens) body (`system`, `messages`,
-    `tools`), and the tools it offers (OpenAI's shape)."""
+    `tools`), the tools it offers (OpenAI's shape) and its text turns (`conversation`)."""
     body = check_body(body, info, any_model=True)
     system = body.get("system")
     system = None if system is None else text_content(system, "system")
@@ -166,12 +166,12 @@ def _prompt(body: Any, info: ModelInfo) -> tuple[list[int], list[dict]]:
     prompt = chat_prompt(body, info.tokenizer, system, TURN_ROLES, tools, turns, kwargs, continue_final=True)
     if not prompt:
         raise APIError("the prompt is empty", param="messages")
-    return prompt, tools
+    return prompt, tools, conversation(turns, system)
 
 
 def parse_messages(body: Any, info: ModelInfo) -> CompletionRequest:
     """Check a Messages request body and tokenize its prompt. Raises `APIError`."""
-    prompt, tools = _prompt(body, info)
+    prompt, tools, turns = _prompt(body, info)
     return CompletionRequest(
         chat=True,
         prompt=prompt,
@@ -183,6 +183,7 @@ def parse_messages(body: Any, info: ModelInfo) -> CompletionRequest:
         id="msg_" + uuid.uuid4().hex[:24],
         created=int(time.time()),
         options=decode_options(body, info.options, MAX_TEMPERATURE),
+        messages=turns,
     )
 
 

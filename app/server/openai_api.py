@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from app.server.output import Piece
-from app.server.prompts import chat_prompt, check_tools, reply_format, text_prompt
+from app.server.prompts import chat_prompt, check_tools, conversation, reply_format, text_prompt
 from app.server.request import (
     APIError,
     CompletionRequest,
@@ -127,6 +127,7 @@ def parse_request(body: Any, info: ModelInfo, *, chat: bool) -> CompletionReques
         id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
         created=int(time.time()),
         options=decode_options(body, info.options),
+        messages=conversation(body.get("messages")) if chat else (),
     )
 
 

@@ -33,6 +33,21 @@ def text_content(content: Any, where: str) -> str:
     return content
 
 
+def conversation(messages: Any, system: Optional[str] = None) -> tuple[dict, ...]:
+    """The text turns of a checked chat (its system, user and assistant messages that hold
+    text), as a conversation log keeps them (`dflash serve --keep-conversations`)."""
+    turns = [{"role": "system", "content": system}] if system else []
+    for m in messages if isinstance(messages, list) else []:
+        if isinstance(m, dict) and m.get("role") in ("system", "user", "assistant"):
+            try:
+                text = text_content(m.get("content") or "", "content")
+            except APIError:  # images and the like: no text to learn from
+                continue
+            if text:
+                turns.append({"role": m["role"], "content": text})
+    return tuple(turns)
+
+
 def _tool_calls(value: Any, where: str) -> list[dict]:
     """An assistant message's `tool_calls` as templates take them (arguments as objects)."""
     if not isinstance(value, list):

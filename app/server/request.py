@@ -84,6 +84,7 @@ class CompletionRequest:
     model: str = ""
     id: str = ""
     created: int = 0
+    messages: tuple = ()  # a chat's text turns (`prompts.conversation`), for --keep-conversations
 
     def splitter(self) -> Optional[OutputSplitter]:
         """A fresh splitter of this reply into text, reasoning and tool calls; None where

@@ -203,6 +203,8 @@ class Scheduler:
 
     def _finish(self, run: Running) -> None:
         done = run.done(self.worker.tokenizer)
+        if done.finish_reason in ("stop", "length"):  # a whole reply: kept where the server keeps them
+            self.worker.keep(run.job.request, "".join(run.sent))
         run.job.emit(done)
         self.jobs.remove(run.job)
         self.worker.finished(done)

@@ -127,6 +127,9 @@ class Worker(ModelThread):
         ranks: under `mlx.launch`, the other ranks (a `ranks.Ranks`, which imports this
             module, hence `Any` here): rank 0's worker sends them each request; a
             follower's runs what they receive.
+        keep_conversations: a directory where each finished chat request's text turns and
+            reply are appended (`dflash_mlx.train.transcripts`' conversation log, what
+            `dflash adapt` reads); None (the default): nothing is kept.
     """
 
     def __init__(
@@ -144,6 +147,7 @@ class Worker(ModelThread):
         log: Optional[Callable[[str], None]] = None,
         sharding: Optional[str] = None,
         ranks: Any = None,
+        keep_conversations: Optional[str] = None,
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
@@ -160,6 +164,7 @@ class Worker(ModelThread):
         self.metrics = Metrics()
         self.pool: Optional[CachePool] = None  # owned by the worker thread
         self.max_batch, self.scheduler = max_batch, None  # the scheduler is made once the model is in
+        self.keep_conversations = keep_conversations
 
     # ---- any thread
 
@@ -242,6 +247,15 @@ class Worker(ModelThread):
             self.scheduler.serve(job)  # alone, or batched where the queue's policy allows
         finally:
             self.running = None
+
+    def keep(self, req: CompletionRequest, reply: str) -> None:
+        """Append a finished chat request's turns and reply to the conversation log
+        (`--keep-conversations`; rank 0 alone under `mlx.launch`)."""
+        if self.keep_conversations is None or not req.messages or (self.ranks is not None and not self.ranks.leader):
+            return
+        from dflash_mlx.train.transcripts import append_conversation_log, conversation_log_record
+
+        append_conversation_log(self.keep_conversations, conversation_log_record(req.messages, reply, req.model))
 
     def finished(self, done: Done) -> None:
         """Count a finished request, and log its line."""
