@@ -109,7 +109,8 @@ def main() -> None:
         kept = json.loads(path.read_text()) if path.is_file() else {}
         keys = ("commands", "when", "measured")
         out = {key: kept[key] for key in keys if key in kept}
-        out.setdefault("measured", {"commit": "", "files": ENGINE + (["app/server/"] if name == "engine-burst" else [])})
+        server = ["app/server/", "app/model_thread.py"] if name == "engine-burst" else []
+        out.setdefault("measured", {"commit": "", "files": ENGINE + server})
         path.write_text(json.dumps({**out, **table}, indent=1) + "\n")
 
 
