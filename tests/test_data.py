@@ -7,7 +7,8 @@ import json
 import pytest
 
 from dflash_mlx.messages import read_prompt_file
-from dflash_mlx.train.prompts import chat_prompts, collect_prompts, math_prompts, split_heldout, stdlib_prompts
+from dflash_mlx.train.prompts import chat_prompts, math_prompts, split_heldout, stdlib_prompts
+from dflash_mlx.train.sources import collect_prompts
 
 
 def test_builtin_sources_are_offline_and_diverse():

@@ -14,7 +14,8 @@ import pytest
 
 from dflash_mlx.messages import read_prompt_file
 from dflash_mlx.train.data import split_prompts
-from dflash_mlx.train.prompts import collect_prompts
+from dflash_mlx.train.instructions import NearDuplicates
+from dflash_mlx.train.sources import collect_prompts
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 KINDS = {"chat": "chat", "code": "humaneval", "math": "math", "stdlib": "stdlib"}
@@ -54,6 +55,26 @@ def test_shipped_heldout_sets_stay_out_of_training(tmp_path):
         assert len(records) == 10 and {r["set"] for r in records} == {kind}
         assert {r["source"] for r in records} == {source}
         assert len(read_prompt_file(PROMPTS / f"heldout_{kind}.jsonl")) == 10  # what bench and eval read
+
+
+def test_round6_prompts_and_answers_leave_the_heldout_prompts_out(tmp_path):
+    """Round 6's sources (`dflash data --source round6`, run over a data directory holding
+    the shipped heldout.jsonl) keep the shipped set held out and train on none of its
+    prompts, by id, by text or nearly (word 3-gram Jaccard >= 0.5); the round-6 answers
+    committed in assets/train answer only prompts of those sources, at that split."""
+    shipped = [json.loads(line) for line in (PROMPTS / "heldout.jsonl").read_text().splitlines()]
+    shutil.copy(PROMPTS / "heldout.jsonl", tmp_path / "heldout.jsonl")
+    prompts = collect_prompts(["round6"], seed=0)
+    train, held = split_prompts(tmp_path, prompts, 40, seed=0)
+    assert [r["id"] for r in held] == [r["id"] for r in shipped] and len(train) == len(prompts) > 3000
+    texts = [p["messages"][-1]["content"] for p in train]
+    assert not {r["id"] for r in shipped} & {p["id"] for p in train}
+    assert not [r["id"] for r in shipped if r["messages"][-1]["content"] in texts]
+    near = NearDuplicates(r["messages"][-1]["content"] for r in shipped)
+    assert not [t for t in texts if near.match(t)]
+    with gzip.open(PROMPTS.parent / "train" / "smollm2-round6.jsonl.gz", "rt") as fh:
+        answered = {json.loads(line)["id"] for line in fh}
+    assert len(answered) > 100 and answered <= {p["id"] for p in train}
 
 
 def test_another_seed_or_source_keeps_the_heldout_texts_out(tmp_path):

@@ -73,7 +73,8 @@ def data_command(
         ["chat", "math", "stdlib", "humaneval"],
         "--source",
         "-s",
-        help="Prompt source: chat, math, stdlib, humaneval, or a JSONL file of prompts / chat transcripts. Repeatable.",
+        help="Prompt source: chat, math, stdlib, humaneval; round6 (or round6-chat, round6-math, round6-stdlib, "
+        "round6-code); or a JSONL file of prompts / chat transcripts. Repeatable.",
     ),
     model: Optional[str] = typer.Option(None, "--model", help="Target model (default: SmolLM2-135M-Instruct)."),
     num_prompts: Optional[int] = typer.Option(

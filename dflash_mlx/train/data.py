@@ -21,7 +21,8 @@ from ..atomic import write_text_atomic
 from .answers import generate_answers
 from .conversations import answer_conversations
 from .instructions import NearDuplicates, normalize
-from .prompts import collect_prompts, split_heldout
+from .prompts import split_heldout
+from .sources import collect_prompts
 
 
 def split_prompts(out_dir: Path, prompts: list[dict], heldout: int, seed: int) -> tuple[list[dict], list[dict]]:

