@@ -1,6 +1,10 @@
 """Drafter training: self-distillation data, cached target features, the objective, the loop.
 
 - `prompts`: offline prompt sources and the held-out split;
+- `sources`: the prompt sources by name (`dflash data --source`), read;
+- `docstrings`: documented names of installed modules, what documentation prompts ask about;
+- `fresh_prompts`, `word_problems`, `code_tasks`, `code_prompts`: round 6's sources, more of
+  the held-out kinds and none of the held-out prompts (`--source round6`);
 - `answers`: the target answers prompt records in batches (the one place that generates);
 - `data`: the target answers its own prompts (`dflash data`);
 - `instructions`: user messages the target wrote, cleaned and deduplicated;
