@@ -73,20 +73,28 @@ def speed_table(runs: list[tuple[str, str]]) -> dict:
     return {"columns": columns, "rows": rows}
 
 
-def burst_table() -> dict:
-    """Per level: dflash serve against mlx_lm.server in bursts, before and after."""
-    before, after = (_raw(f"burst-{side}")["rows"] for side in ("before", "after"))
+def burst_table(pairs: tuple[str, ...] = ("", "-2")) -> dict:
+    """Per pair of runs and level: dflash serve against mlx_lm.server in bursts, before and after."""
     rows = []
-    for b, a in zip(before, after):
-        ratio = [r["dflash serve"]["tok_s"] / r["mlx_lm.server"]["tok_s"] for r in (b, a)]
-        same = [f"{r['dflash serve']['same_as_solo']}/{r['dflash serve']['answers']}" for r in (b, a)]
-        rows.append([b["clients"], b["mlx_lm.server"]["tok_s"], a["mlx_lm.server"]["tok_s"]])
-        rows[-1] += [b["dflash serve"]["tok_s"], a["dflash serve"]["tok_s"], *ratio, *same]
-    columns = [{"name": "clients at once", "align": "r"}]
+    for pair in pairs:
+        before, after = (_raw(f"burst-{side}{pair}")["rows"] for side in ("before", "after"))
+        rows += _burst_rows(before, after, f"pair {pairs.index(pair) + 1}")
+    columns = [{"name": "runs", "align": "l"}, {"name": "clients at once", "align": "r"}]
     for name, spec in (("mlx_lm.server tok/s", ".1f"), ("dflash serve tok/s", ".1f"), ("ratio", ".2f")):
         columns += [{"name": f"{name} {side}", "align": "r", "format": spec} for side in ("before", "after")]
     columns += [{"name": f"same as solo {side}", "align": "l"} for side in ("before", "after")]
     return {"columns": columns, "rows": rows}
+
+
+def _burst_rows(before: list, after: list, label: str) -> list[list]:
+    """One row per level of a pair of burst runs."""
+    rows = []
+    for b, a in zip(before, after):
+        ratio = [r["dflash serve"]["tok_s"] / r["mlx_lm.server"]["tok_s"] for r in (b, a)]
+        same = [f"{r['dflash serve']['same_as_solo']}/{r['dflash serve']['answers']}" for r in (b, a)]
+        rows.append([label, b["clients"], b["mlx_lm.server"]["tok_s"], a["mlx_lm.server"]["tok_s"]])
+        rows[-1] += [b["dflash serve"]["tok_s"], a["dflash serve"]["tok_s"], *ratio, *same]
+    return rows
 
 
 def main() -> None:
