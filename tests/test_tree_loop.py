@@ -39,6 +39,7 @@ from chi_square import assert_fits
 from references import dflash_tokens, greedy_reference
 from tiny_drafters import BLOCK, drafter_config, prompt_of, random_drafter
 from tiny_targets import VOCAB, tiny_target
+from fixed_policies import rows_cost
 
 TREE_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
 
@@ -205,18 +206,27 @@ def test_tree_budget_zero_is_the_chain(family):
     assert got == ref and stats.block_sizes and not any(stats.trees)
 
 
+class RowCostTreePolicy(TreePolicy):
+    """The default policy charged a fixed cost per verified row (`rows_cost`) instead of the
+    wall time, so that its choices on a tiny model follow the drafts, not the machine's load."""
+
+    def update_width(self, width, accepted, seconds, chain=None) -> None:
+        super().update_width(width, accepted, rows_cost(width), chain)
+
+
 def test_trees_come_back_after_a_turn_without_them():
-    """A chat's `/tree 0`, then `/tree auto`: the sequence's policy weighs trees again (and
-    the turn without trees verifies the chain policy's chains, never a tree's)."""
+    """A chat's `/tree 0`, then `/tree auto`: the policy carried across the turns weighs
+    trees again (and the turn without trees verifies the chain policy's chains, never a
+    tree's)."""
     from dflash_mlx import speculative
 
     model = tiny_target("llama", scale=2.0)
     prompt = prompt_of(9, 4)
     ref = greedy_reference(model, prompt, 24)
     drafter = RankedDrafter(make_target(model), prompt + ref + [0] * BLOCK, RANKS[2])
-    sequence = speculative.make_prompt_cache(model, drafter)
+    sequence, policy = speculative.make_prompt_cache(model, drafter), RowCostTreePolicy(BLOCK)
     for budget in (0, None, 0, None):
-        got, stats = dflash_tokens(model, prompt, drafter, 24, prompt_cache=sequence, tree_budget=budget)
+        got, stats = dflash_tokens(model, prompt, drafter, 24, prompt_cache=sequence, tree_budget=budget, policy=policy)
         assert got == ref and stats.block_sizes
         assert any(stats.trees) == (budget is None), budget
         assert budget is None or max(stats.block_sizes) <= BLOCK
