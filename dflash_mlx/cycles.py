@@ -209,20 +209,18 @@ class Cycles:
         token = after.last
         # The drafter and the verify choose block positions 1.. with the same draws.
         draws = self.plan.sampling.draws(len(cache.tokens) + 1)
-        if width.tree:
-            found = self._lookup(token, depth)
-            block = mx.array([[token] + [drafter.config.mask_token_id] * (self.plan.block - 1)])
-            proposals, chain = drafter.candidates(block, cache.draft, self.target, draws)  # (B - 1, V), (B - 1,)
-            candidates = top_candidates(proposals[:rows], width.nodes)
-            drafted = Drafted(token, width, draws, chain[:rows], found, candidates=candidates, depth=depth)
-            return self._queued(drafted, tic, *candidates)
-        found = self._lookup(token, width.nodes)
-        guess = [] if self.plan.probing else self.records.chain_guess(found, width.nodes)
+        found = self._lookup(token, depth if width.tree else width.nodes)
+        guess = [] if width.tree or self.plan.probing else self.records.chain_guess(found, width.nodes)
         if guess:
             return Drafted(token, Width(len(guess) + 1), draws, mx.array(guess), found, guessed=True)
-        block = mx.array([[token] + [drafter.config.mask_token_id] * (self.plan.draft_block(width.size) - 1)])
-        drafts = drafter.draft(block, cache.draft, self.target, draws)[: width.nodes]
-        return self._queued(Drafted(token, width, draws, drafts, found), tic)
+        block = mx.array([[token] + [drafter.config.mask_token_id] * (self.plan.draft_block(width) - 1)])
+        if not width.tree:
+            drafts = drafter.draft(block, cache.draft, self.target, draws)[: width.nodes]
+            return self._queued(Drafted(token, width, draws, drafts, found), tic)
+        proposals, chain = drafter.candidates(block, cache.draft, self.target, draws)  # (B - 1, V), (B - 1,)
+        candidates = top_candidates(proposals[:rows], width.nodes)
+        drafted = Drafted(token, width, draws, chain[:rows], found, candidates=candidates, depth=depth)
+        return self._queued(drafted, tic, *candidates)
 
     def _queued(self, drafted: Drafted, tic: float, *more: mx.array) -> Drafted:
         """`drafted` with its drafts (and `more`) queued; waited for and timed when profiling."""

@@ -63,12 +63,15 @@ class Plan:
         sampling, lookup, profile = options.sampling(), options.lookup, options.profile
         return cls(limit, pair.block, policy, fixed_tree, trees, max_tokens, sampling, lookup, profile, kv)
 
-    def draft_block(self, size: int) -> int:
-        """The block a chain of `size` is drafted from: the drafter's whole block when
-        adaptive (it was trained on full blocks, and drafts from one are more often
-        accepted; on a CPU the head over a few more rows costs little beside the verify),
-        else the chain's own size."""
-        return max(size, self.block) if self.policy is not None else size
+    def draft_block(self, width: Width) -> int:
+        """The block a cycle of `width` is drafted from: a tree's candidates come from the
+        drafter's whole block B (however many nodes the tree has); an adaptive chain's from
+        at least B (it was trained on full blocks, and drafts from one are more often
+        accepted; on a CPU the head over a few more rows costs little beside the verify);
+        a fixed chain's from its own size."""
+        if width.tree:
+            return self.block
+        return max(width.size, self.block) if self.policy is not None else width.size
 
     @property
     def probing(self) -> bool:
